@@ -1,0 +1,65 @@
+"""Argument checks shared by the NumPy reference, the torch functions and the modules.
+
+Each check raises ``ValueError`` or ``TypeError`` with a message that names the argument
+and says what was expected, so that bad input never silently produces wrong numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+
+Shape = tuple[int, ...]
+
+
+def check_eps(eps: object) -> float:
+    """Return ``eps`` as a float, or raise if it is not a finite number > 0."""
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a positive real number, got {type(eps).__name__}")
+    if not (math.isfinite(eps) and eps > 0):
+        raise ValueError(f"eps must be a positive finite number, got {eps}")
+    return float(eps)
+
+
+def check_normalized_shape(normalized_shape: int | Sequence[int]) -> Shape:
+    """Return ``normalized_shape`` as a tuple of positive ints, or raise."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, numbers.Integral) else normalized_shape
+    try:
+        shape = tuple(shape)
+    except TypeError:
+        raise TypeError(
+            f"normalized_shape must be an int or a sequence of ints, got {type(normalized_shape).__name__}"
+        ) from None
+    if not shape or not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in shape):
+        raise TypeError(f"normalized_shape must be an int or a non-empty sequence of ints, got {normalized_shape!r}")
+    if any(d <= 0 for d in shape):
+        raise ValueError(
+            f"normalized_shape must contain only positive sizes (a zero-size dimension has no "
+            f"mean or variance), got {shape}"
+        )
+    return tuple(int(d) for d in shape)
+
+
+def check_trailing(x_shape: Shape, normalized_shape: Shape, name: str = "x") -> None:
+    """Raise unless ``x_shape`` ends with ``normalized_shape``."""
+    if tuple(x_shape[-len(normalized_shape) :]) != tuple(normalized_shape):
+        raise ValueError(
+            f"normalized_shape {normalized_shape} does not match the trailing dimensions of "
+            f"{name} with shape {tuple(x_shape)}"
+        )
+
+
+def check_shape(shape: Shape, expected: Shape, name: str, what: str = "the normalized shape") -> None:
+    """Raise unless ``name`` has exactly the ``expected`` shape (``what`` says why)."""
+    if tuple(shape) != tuple(expected):
+        raise ValueError(f"{name} must have shape {tuple(expected)} ({what}), got {tuple(shape)}")
+
+
+def check_mask_shape(mask_shape: Shape, x_shape: Shape) -> None:
+    """Raise unless ``mask`` has ``x``'s shape without its last (feature) axis."""
+    if tuple(mask_shape) != tuple(x_shape[:-1]):
+        raise ValueError(
+            f"mask must have x's shape without the feature axis, {tuple(x_shape[:-1])}, "
+            f"got {tuple(mask_shape)}"
+        )

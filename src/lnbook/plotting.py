@@ -1,0 +1,112 @@
+"""One figure style for the whole book, and the diagrams the chapters share."""
+
+from __future__ import annotations
+
+import matplotlib as mpl
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.patches import Polygon
+
+STYLE = {
+    "figure.dpi": 100,
+    "savefig.dpi": 100,
+    "figure.figsize": (7.0, 4.0),
+    "font.size": 10,
+    "axes.titlesize": 11,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "legend.frameon": False,
+}
+
+HIGHLIGHT = "#3b75af"  # cells that share one mean and variance
+PLAIN = "#f2f2f2"
+
+ALL = slice(None)
+# The elements one mean and variance are computed over, as (batch, feature, depth) index ranges
+# into a block of N examples x C features x D positions (time steps T, or pixels H*W), drawn
+# for example 0 and feature (or group) 1. On a sequence, LayerNorm normalizes each token over
+# its features alone; on an image it normalizes each example over channels and pixels.
+NORM_SETS = {
+    "sequence": {
+        "BatchNorm": (ALL, slice(1, 2), ALL),
+        "LayerNorm": (slice(0, 1), ALL, slice(0, 1)),
+        "InstanceNorm": (slice(0, 1), slice(1, 2), ALL),
+        "GroupNorm": (slice(0, 1), slice(2, 4), ALL),
+    },
+    "image": {
+        "BatchNorm": (ALL, slice(1, 2), ALL),
+        "LayerNorm": (slice(0, 1), ALL, ALL),
+        "InstanceNorm": (slice(0, 1), slice(1, 2), ALL),
+        "GroupNorm": (slice(0, 1), slice(2, 4), ALL),
+    },
+}
+
+
+def use_style() -> None:
+    """Apply the book's matplotlib style (call once per notebook)."""
+    mpl.rcParams.update(STYLE)
+
+
+def _block(ax: Axes, selected: np.ndarray, depth_label: str, title: str) -> None:
+    """Draw an (N, C, D) block in oblique projection, shading the ``selected`` cells."""
+    n, c, d = selected.shape
+    dx, dy = 0.45, 0.35  # how far one step in depth moves a point right and up
+
+    def cell(corners, on: bool) -> None:
+        ax.add_patch(Polygon(corners, closed=True, facecolor=HIGHLIGHT if on else PLAIN, edgecolor="0.35", lw=0.7))
+
+    for i in range(n):  # front face: features across, examples down, depth 0
+        for j in range(c):
+            y0 = n - 1 - i
+            cell([(j, y0), (j + 1, y0), (j + 1, y0 + 1), (j, y0 + 1)], selected[i, j, 0])
+    for k in range(d):  # top face: example 0
+        for j in range(c):
+            cell([(j + k * dx, n + k * dy), (j + 1 + k * dx, n + k * dy),
+                  (j + 1 + (k + 1) * dx, n + (k + 1) * dy), (j + (k + 1) * dx, n + (k + 1) * dy)],
+                 selected[0, j, k])
+    for k in range(d):  # right face: the last feature
+        for i in range(n):
+            y0 = n - 1 - i
+            cell([(c + k * dx, y0 + k * dy), (c + (k + 1) * dx, y0 + (k + 1) * dy),
+                  (c + (k + 1) * dx, y0 + 1 + (k + 1) * dy), (c + k * dx, y0 + 1 + k * dy)],
+                 selected[i, c - 1, k])
+    ax.annotate("", xy=(-0.4, 0), xytext=(-0.4, n), arrowprops={"arrowstyle": "->", "lw": 0.8})
+    ax.text(-0.6, n / 2, "batch N", rotation=90, ha="right", va="center")
+    ax.annotate("", xy=(c, -0.4), xytext=(0, -0.4), arrowprops={"arrowstyle": "->", "lw": 0.8})
+    ax.text(c / 2, -0.6, "features C", ha="center", va="top")
+    ax.text(c + d * dx + 0.15, n + d * dy / 2 - 0.3, depth_label, ha="left", va="center", rotation=37)
+    ax.set_title(title)
+    ax.set_xlim(-1.6, c + d * dx + 1.6)
+    ax.set_ylim(-1.6, n + d * dy + 0.3)
+    ax.set_aspect("equal")
+    ax.axis("off")
+
+
+def norm_axes_figure(
+    kind: str = "sequence", norms: tuple[str, ...] = ("BatchNorm", "LayerNorm", "InstanceNorm", "GroupNorm")
+) -> Figure:
+    """Which elements one mean and variance are computed over, for each norm in ``norms``.
+
+    Args:
+        kind: ``"sequence"`` for an ``(N, T, C)`` batch (depth = time steps T) or ``"image"`` for
+            an ``(N, C, H, W)`` batch (depth = pixels H·W).
+        norms: any of ``BatchNorm``, ``LayerNorm``, ``InstanceNorm``, ``GroupNorm``.
+    """
+    depth = {"sequence": "time T", "image": "pixels H·W"}
+    if kind not in depth:
+        raise ValueError(f"kind must be 'sequence' or 'image', got {kind!r}")
+    sets = NORM_SETS[kind]
+    if not norms or any(name not in sets for name in norms):
+        raise ValueError(f"norms must be a non-empty tuple drawn from {tuple(sets)}, got {norms!r}")
+    fig, axes = plt.subplots(1, len(norms), figsize=(2.6 * len(norms), 2.5), squeeze=False)
+    for ax, name in zip(axes[0], norms):
+        selected = np.zeros((4, 6, 5), dtype=bool)
+        selected[sets[name]] = True
+        _block(ax, selected, depth[kind], name)
+    fig.suptitle("Blue cells share one mean and variance", y=0.98)
+    fig.tight_layout()
+    return fig

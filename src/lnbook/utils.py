@@ -1,0 +1,59 @@
+"""Seeding, device choice and showing the package's own source in a notebook."""
+
+from __future__ import annotations
+
+import inspect
+import random
+import textwrap
+
+import numpy as np
+import torch
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's ``random``, NumPy's global generator and torch (CPU and every GPU)."""
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    if not 0 <= seed < 2**32:
+        raise ValueError(f"seed must be in [0, 2**32), got {seed}")
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def default_device() -> torch.device:
+    """The first CUDA GPU when there is one, else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class Source:
+    """Python source that a notebook shows syntax-highlighted and a terminal shows as text."""
+
+    def __init__(self, code: str) -> None:
+        self.code = code
+
+    def __repr__(self) -> str:
+        return self.code.rstrip("\n")
+
+    def _repr_html_(self) -> str:
+        # Inline styles (no CSS classes) so the rendered book needs no extra stylesheet.
+        from pygments import highlight
+        from pygments.formatters import HtmlFormatter
+        from pygments.lexers import PythonLexer
+
+        return highlight(self.code, PythonLexer(), HtmlFormatter(noclasses=True, style="default"))
+
+
+def show_source(obj: object) -> Source:
+    """Return the source of a function, class, method or module for display in a notebook.
+
+    The book shows the code it runs from one place, the package, instead of pasting copies.
+    """
+    try:
+        code = inspect.getsource(obj)
+    except (TypeError, OSError):
+        raise TypeError(
+            f"show_source needs a Python function, class, method or module with source code, "
+            f"got {type(obj).__name__}"
+        ) from None
+    return Source(textwrap.dedent(code))

@@ -1,0 +1,55 @@
+"""Seeding, show_source and the shared figures."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from lnbook import plotting
+from lnbook.reference import layernorm_forward
+from lnbook.utils import seed_everything, show_source
+
+
+def test_seed_everything_makes_every_generator_repeat():
+    def draw():
+        return random.random(), np.random.rand(), torch.rand(1).item()
+
+    seed_everything(7)
+    first = draw()
+    seed_everything(7)
+    assert draw() == first
+    seed_everything(8)
+    assert draw() != first
+
+
+def test_show_source_shows_the_real_code_highlighted():
+    src = show_source(layernorm_forward)
+    assert repr(src).startswith("def layernorm_forward(")
+    assert "rstd = 1.0 / np.sqrt(var + eps)" in repr(src)
+    html = src._repr_html_()
+    assert "<span" in html and "layernorm_forward" in html and "<style" not in html
+
+
+def test_show_source_dedents_methods():
+    from lnbook.norms import LayerNorm
+
+    assert repr(show_source(LayerNorm.forward)).startswith("def forward(self")
+
+
+@pytest.mark.parametrize("kind", ["sequence", "image"])
+def test_norm_axes_figure_shades_what_each_norm_averages(kind):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    fig = plotting.norm_axes_figure(kind)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles == ["BatchNorm", "LayerNorm", "InstanceNorm", "GroupNorm"]
+    blue = matplotlib.colors.to_rgba(plotting.HIGHLIGHT)
+    n_shaded = [sum(p.get_facecolor() == blue for p in ax.patches) for ax in fig.axes]
+    # BatchNorm shades a column through every example; InstanceNorm one example of it.
+    assert n_shaded[0] > n_shaded[2] > 0
+    with pytest.raises(ValueError, match="kind must be"):
+        plotting.norm_axes_figure("video")
+    with pytest.raises(ValueError, match="norms must be"):
+        plotting.norm_axes_figure(kind, ("WeightNorm",))
