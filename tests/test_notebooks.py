@@ -1,0 +1,108 @@
+"""Notebook hygiene: what nbval cannot see, checked on the committed files.
+
+Every notebook stores outputs for every code cell, run once from top to bottom, with no
+errors, memory addresses or absolute paths in them, and opens as the book guide says: a title
+with an "Open in Colab" badge for this very file, then a Colab-only set-up cell that nbval
+skips and the book hides, then imports with ``seed_everything`` and a device choice.
+"""
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+REPO = re.search(r"url:\s*https://github\.com/(\S+)", (ROOT / "_config.yml").read_text()).group(1)
+LEAKS = re.compile(r"0x[0-9a-fA-F]{6,}|/home/|/root/|/tmp/|/Users/|[A-Z]:\\\\|site-packages|Traceback")
+
+
+def source(cell) -> str:
+    return "".join(cell["source"])
+
+
+def output_text(out) -> str:
+    return "".join(out.get("text", "")) + json.dumps(
+        {k: v for k, v in out.get("data", {}).items() if k != "image/png"}
+    ) + "".join(out.get("traceback", []))
+
+
+def problems(nb: dict, relpath: str) -> list[str]:
+    """Everything wrong with one notebook, as readable messages (empty when it is clean)."""
+    found = []
+    cells = nb["cells"]
+    code = [c for c in cells if c["cell_type"] == "code"]
+    counts = [c.get("execution_count") for c in code]
+    if None in counts:
+        found.append(f"{counts.count(None)} of {len(code)} code cells were never executed: run all, then commit")
+    elif counts != list(range(1, len(code) + 1)):
+        found.append(f"execution counts are {counts}, not 1..{len(code)}: restart the kernel and run all")
+    if not any(c.get("outputs") for c in code):
+        found.append("no code cell stores any output")
+    for i, c in enumerate(code):
+        for out in c.get("outputs", []):
+            if out.get("output_type") == "error":
+                found.append(f"code cell {i} stores an error: {out.get('ename')}")
+            leak = LEAKS.search(output_text(out))
+            if leak:
+                found.append(f"code cell {i} output contains {leak.group(0)!r} (an address, path or traceback)")
+    badge = f"https://colab.research.google.com/github/{REPO}/blob/main/{relpath}"
+    if len(cells) < 3:
+        return found + ["fewer than three cells: title, Colab set-up and imports are required"]
+    first, second, third = cells[:3]
+    if first["cell_type"] != "markdown" or not source(first).startswith("# "):
+        found.append("the first cell must be markdown starting with the chapter title ('# ...')")
+    if badge not in source(first) or "colab-badge.svg" not in source(first):
+        found.append(f"the first cell must carry an Open in Colab badge linking to {badge}")
+    tags = set(second.get("metadata", {}).get("tags", []))
+    if second["cell_type"] != "code" or "google.colab" not in source(second):
+        found.append("the second cell must be the Colab set-up code cell (checks 'google.colab' in sys.modules)")
+    if not {"nbval-skip", "remove-cell"} <= tags:
+        found.append(f"the Colab set-up cell must be tagged nbval-skip and remove-cell, has {sorted(tags)}")
+    if third["cell_type"] != "code" or "seed_everything(" not in source(third) or "default_device()" not in source(third):
+        found.append("the third cell must import, call seed_everything(...) and choose the device with default_device()")
+    if "# NBVAL_" in "".join(source(c) for c in code):
+        found.append("use nbval metadata tags, not '# NBVAL_' comments (comments show in the book)")
+    return found
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_there_are_notebooks():
+    assert NOTEBOOKS, "no notebooks/*.ipynb found"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_hygiene(path):
+    assert problems(load(path), path.relative_to(ROOT).as_posix()) == []
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_is_in_the_table_of_contents(path):
+    assert f"file: notebooks/{path.stem}\n" in (ROOT / "_toc.yml").read_text()
+
+
+def test_hygiene_check_catches_a_stripped_notebook():
+    path = NOTEBOOKS[0]
+    nb = copy.deepcopy(load(path))
+    for c in nb["cells"]:
+        if c["cell_type"] == "code":
+            c["outputs"], c["execution_count"] = [], None
+    found = problems(nb, path.relative_to(ROOT).as_posix())
+    assert any("never executed" in p for p in found) and any("no code cell stores" in p for p in found)
+
+
+def test_hygiene_check_catches_leaks_order_and_a_wrong_badge():
+    path = NOTEBOOKS[0]
+    nb = copy.deepcopy(load(path))
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    code[-1]["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "<object at 0x7f3a2b1c9d00>\n"}]
+    code[0]["execution_count"], code[1]["execution_count"] = code[1]["execution_count"], code[0]["execution_count"]
+    found = problems(nb, "notebooks/some_other_name.ipynb")
+    assert any("0x7f3a2b1c9d00" in p for p in found)
+    assert any("restart the kernel" in p for p in found)
+    assert any("Open in Colab badge" in p for p in found)
