@@ -102,8 +102,12 @@ def norm_axes_figure(
     sets = NORM_SETS[kind]
     if not norms or any(name not in sets for name in norms):
         raise ValueError(f"norms must be a non-empty tuple drawn from {tuple(sets)}, got {norms!r}")
-    fig, axes = plt.subplots(1, len(norms), figsize=(2.6 * len(norms), 2.5), squeeze=False)
-    for ax, name in zip(axes[0], norms):
+    ncols = min(len(norms), 2)
+    nrows = -(-len(norms) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.5 * ncols, 2.6 * nrows), squeeze=False)
+    for ax in axes.flat[len(norms) :]:
+        ax.remove()
+    for ax, name in zip(axes.flat, norms):
         selected = np.zeros((4, 6, 5), dtype=bool)
         selected[sets[name]] = True
         _block(ax, selected, depth[kind], name)
