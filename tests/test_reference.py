@@ -120,3 +120,20 @@ def test_reference_computes_in_the_requested_dtype():
     assert y.dtype == np.float32 and cache.xhat.dtype == np.float32
     y, _ = reference.batchnorm_forward(np.ones((2, 3), np.float32), np.ones(3), np.zeros(3))
     assert y.dtype == np.float64
+
+
+@pytest.mark.parametrize("shape", [(6, 10), (2, 3, 5), (3, 1)])
+def test_reference_matches_lnbook_functional(shape):
+    from lnbook.functional import layer_norm
+
+    rng = np.random.default_rng(7)
+    x, dy = rng.normal(size=shape) * 2 + 3, rng.normal(size=shape)
+    gamma, beta = rng.normal(size=shape[-1:]), rng.normal(size=shape[-1:])
+    y, cache = reference.layernorm_forward(x, gamma, beta)
+    grads = reference.layernorm_backward(dy, cache)
+    xt, gt, bt = (torch.tensor(a, requires_grad=True) for a in (x, gamma, beta))
+    yt = layer_norm(xt, shape[-1], gt, bt)
+    yt.backward(torch.tensor(dy))
+    np.testing.assert_allclose(y, yt.detach().numpy(), rtol=1e-12, atol=1e-12)
+    for mine, t in zip(grads, (xt, gt, bt)):
+        np.testing.assert_allclose(mine, t.grad.numpy(), rtol=1e-10, atol=1e-12)
