@@ -1,4 +1,4 @@
-"""Normalization layers as ``torch.nn.Module``s."""
+"""Normalization layers as ``torch.nn.Module``s: LayerNorm, and the batch norms Part I measures."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ._checks import check_eps, check_normalized_shape
-from .functional import layer_norm
+from ._checks import check_eps, check_mask_shape, check_normalized_shape
+from .functional import check_float_tensor, layer_norm
 
 
 class LayerNorm(nn.Module):
@@ -56,3 +56,184 @@ class LayerNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+def _check_mask(mask: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    """A (*lead, 1) boolean tensor of real positions for x of shape (*lead, F)."""
+    if mask is None:
+        return torch.ones(x.shape[:-1] + (1,), dtype=torch.bool, device=x.device)
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise TypeError(f"mask must be a boolean tensor (True on real positions), got {got}")
+    check_mask_shape(tuple(mask.shape), tuple(x.shape))
+    return mask.unsqueeze(-1)
+
+
+def _masked_moments(
+    x: torch.Tensor, real: torch.Tensor, process_group: object | None = None
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Per-feature mean, biased variance and count over the real positions of x (*lead, F),
+    whose padded positions hold zeros.
+
+    With a process group, the sums are all-reduced (one differentiable collective forward,
+    one backward) so that every replica normalizes with the statistics of the global batch.
+    """
+    f = x.shape[-1]
+    realf = real.to(x.dtype).expand_as(x)
+    xr = x * realf  # x is already zero on padding
+    if process_group is None:
+        n = int(real.sum())
+        mean = xr.reshape(-1, f).sum(0) / max(n, 1)
+        var = (torch.where(real, x - mean, 0.0) ** 2).reshape(-1, f).sum(0) / max(n, 1)
+    else:
+        from .parallel import all_reduce_sum
+
+        sums = torch.stack([realf, xr, xr * xr]).reshape(3, -1, f).sum(1).double()
+        count, s1, s2 = all_reduce_sum(sums, process_group)
+        n = int(count[0])
+        mean64 = s1 / max(n, 1)
+        mean, var = mean64.to(x.dtype), (s2 / max(n, 1) - mean64**2).clamp_min(0).to(x.dtype)
+    if n < 2:
+        raise ValueError(
+            f"BatchNorm needs more than one real position per feature in training, got {n} "
+            "(one value has no variance); use eval mode, a larger batch or fewer padded steps"
+        )
+    return mean, var, n
+
+
+def _update_running(mean_buf, var_buf, mean, var, n: int, momentum: float) -> None:
+    """running = (1 - momentum) * running + momentum * batch, with the unbiased variance."""
+    with torch.no_grad():
+        mean_buf.lerp_(mean.detach(), momentum)
+        var_buf.lerp_(var.detach() * n / (n - 1), momentum)
+
+
+def _check_momentum(momentum: object) -> float:
+    if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0 <= momentum <= 1:
+        raise ValueError(f"momentum must be a number in [0, 1], got {momentum!r}")
+    return float(momentum)
+
+
+class _BatchNormBase(nn.Module):
+    """Parameters, buffers and the affine output shared by the two batch norms below."""
+
+    def __init__(self, num_features: int, eps: float, momentum: float, affine: bool, stats_shape: tuple) -> None:
+        super().__init__()
+        (self.num_features,) = check_normalized_shape(num_features)
+        self.eps = check_eps(eps)
+        self.momentum = _check_momentum(momentum)
+        self.affine = affine
+        f = self.num_features
+        self.weight = nn.Parameter(torch.ones(f)) if affine else None
+        self.bias = nn.Parameter(torch.zeros(f)) if affine else None
+        self.register_buffer("running_mean", torch.zeros(stats_shape + (f,)))
+        self.register_buffer("running_var", torch.ones(stats_shape + (f,)))
+        self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long))
+
+    def _check_input(self, x: torch.Tensor, ndim: str) -> None:
+        check_float_tensor(x, "x")
+        if x.ndim < 2 or x.shape[-1] != self.num_features:
+            raise ValueError(f"x must have shape {ndim} with F = {self.num_features}, got {tuple(x.shape)}")
+
+    def _real_input(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x with zeros on padding, the (*lead, 1) mask): NaN or inf in the padding can then
+        reach neither the statistics nor any gradient."""
+        real = _check_mask(mask, x)
+        return torch.where(real, x, 0.0), real
+
+    def _affine(self, x, real, mean, var) -> torch.Tensor:
+        y = (x - mean) * torch.rsqrt(var + self.eps)
+        if self.affine:
+            y = y * self.weight + self.bias
+        return torch.where(real, y, 0.0)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}"
+
+
+class MaskedBatchNorm1d(_BatchNormBase):
+    """BatchNorm over the real positions of a padded batch (Ioffe & Szegedy, 2015).
+
+    Input ``(*lead, F)``, e.g. ``(B, F)`` or a padded sequence batch ``(B, T, F)``, with an
+    optional boolean ``mask`` of shape ``lead``, True on real positions. Each feature is
+    normalized with the mean and biased variance of its real positions; padded positions
+    are left out of the statistics (whatever they hold) and their output is 0. ``mask=None``
+    counts every position as real: on a padded batch that is the padding-polluted BatchNorm.
+
+    Train and eval behave as ``nn.BatchNorm1d`` (whose parameter and buffer names it keeps):
+    training normalizes with batch statistics and moves ``running_mean``/``running_var``
+    (unbiased) towards them by ``momentum``; eval uses the running statistics. Training with
+    a single real position raises, as torch does. With ``process_group``, the statistics
+    are those of the global batch across data-parallel replicas (torch's ``SyncBatchNorm``
+    runs on GPUs only).
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float = 0.1,
+        affine: bool = True,
+        process_group: object | None = None,
+    ) -> None:
+        super().__init__(num_features, eps, momentum, affine, ())
+        self.process_group = process_group
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        self._check_input(x, "(*lead, F)")
+        x, real = self._real_input(x, mask)
+        if not self.training:
+            return self._affine(x, real, self.running_mean, self.running_var)
+        mean, var, n = _masked_moments(x, real, self.process_group)
+        _update_running(self.running_mean, self.running_var, mean, var, n, self.momentum)
+        self.num_batches_tracked += 1
+        return self._affine(x, real, mean, var)
+
+
+class TimeStepBatchNorm(_BatchNormBase):
+    """BatchNorm with separate statistics for each time step (Cooijmans et al., 2017).
+
+    Step t of a sequence is normalized with the batch statistics of step t in training, and
+    with step t's own running averages in eval. Gain and bias are shared by all steps. At
+    inference, steps at or beyond ``max_steps`` reuse the statistics of the last trained step
+    ``max_steps - 1``, as that paper does; training on them raises.
+
+    Call with ``x`` of shape ``(B, F)`` and the step ``t`` (inside a recurrence), or with a
+    whole sequence batch ``(B, T, F)`` and ``t=None``. ``mask`` has ``x``'s shape without F.
+    Buffers: ``running_mean`` and ``running_var`` of shape ``(max_steps, F)``.
+    """
+
+    def __init__(self, num_features: int, max_steps: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True) -> None:
+        if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+            raise ValueError(f"max_steps must be a positive int, got {max_steps!r}")
+        super().__init__(num_features, eps, momentum, affine, (max_steps,))
+        self.max_steps = max_steps
+
+    def forward(self, x: torch.Tensor, t: int | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        if t is None:
+            self._check_input(x, "(B, T, F) when t is None")
+            if x.ndim != 3:
+                raise ValueError(f"x must have shape (B, T, F) when t is None, got {tuple(x.shape)}")
+            if mask is not None:
+                _check_mask(mask, x)
+            steps = [self._step(x[:, s], s, None if mask is None else mask[:, s]) for s in range(x.shape[1])]
+            return torch.stack(steps, dim=1)
+        self._check_input(x, "(B, F) for one step t")
+        if x.ndim != 2:
+            raise ValueError(f"x must have shape (B, F) for one step t, got {tuple(x.shape)}")
+        return self._step(x, t, mask)
+
+    def _step(self, x: torch.Tensor, t: int, mask: torch.Tensor | None) -> torch.Tensor:
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            raise ValueError(f"t must be a non-negative int (the time step), got {t!r}")
+        x, real = self._real_input(x, mask)
+        if not self.training:
+            s = min(t, self.max_steps - 1)
+            return self._affine(x, real, self.running_mean[s], self.running_var[s])
+        if t >= self.max_steps:
+            raise ValueError(f"t = {t} is beyond max_steps = {self.max_steps}; training needs statistics for every step")
+        mean, var, n = _masked_moments(x, real)
+        _update_running(self.running_mean[t], self.running_var[t], mean, var, n, self.momentum)
+        if t == 0:
+            self.num_batches_tracked += 1
+        return self._affine(x, real, mean, var)

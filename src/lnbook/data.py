@@ -1,0 +1,130 @@
+"""Data the chapters train on, generated or shipped with an installed package: no downloads.
+
+Datasets are tuples of tensors ``(inputs..., targets)``, the form :func:`lnbook.train.fit`
+takes: ``(x, y)`` for fixed-length data, ``(x, lengths, y)`` for padded variable-length data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+Dataset = tuple[torch.Tensor, ...]
+
+SPLIT_SEED = 0  # the train/test split is the same for every experiment in the book
+TEST_FRACTION = 0.2
+
+
+def _digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's bundled 8x8 digits: images (1797, 8, 8) scaled to [0, 1], labels (1797,)."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    return (d.images / 16.0).astype(np.float32), d.target.astype(np.int64)
+
+
+def _split(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Fixed, stratified train/test indices."""
+    from sklearn.model_selection import train_test_split
+
+    idx = np.arange(len(labels))
+    train, test = train_test_split(idx, test_size=TEST_FRACTION, stratify=labels, random_state=SPLIT_SEED)
+    return np.sort(train), np.sort(test)
+
+
+def digits_sequences(order: str = "pixel", permute: bool = False, seed: int = 0) -> tuple[Dataset, Dataset]:
+    """The 1,797 digits as sequences: ``(train, test)``, each ``(x, y)``.
+
+    Args:
+        order: ``"pixel"``: 64 steps of 1 feature (x is ``(N, 64, 1)``); ``"row"``: 8 steps
+            of 8 features, one image row per step (x is ``(N, 8, 8)``).
+        permute: apply one fixed permutation of the 64 pixels (chosen by ``seed``) before
+            forming the sequence: the digits analogue of permuted MNIST.
+        seed: seeds the permutation. The stratified 1,437/360 train/test split never changes.
+
+    Pixel values are in [0, 1]; labels ``y`` are int64 in 0..9.
+    """
+    if order not in ("pixel", "row"):
+        raise ValueError(f"order must be 'pixel' or 'row', got {order!r}")
+    images, labels = _digits()
+    flat = images.reshape(len(images), 64)
+    if permute:
+        flat = flat[:, np.random.default_rng(seed).permutation(64)]
+    x = flat.reshape(-1, 64, 1) if order == "pixel" else flat.reshape(-1, 8, 8)
+    train, test = _split(labels)
+    x, y = torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(labels)
+    return (x[train], y[train]), (x[test], y[test])
+
+
+def pad_batch(sequences: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pad ``(T_i, F)`` tensors with zeros to ``(B, T_max, F)``.
+
+    Returns ``(padded, lengths, mask)``: lengths ``(B,)`` int64, mask ``(B, T_max)`` bool,
+    True on real steps.
+    """
+    if len(sequences) == 0:
+        raise ValueError("sequences must hold at least one (T_i, F) tensor")
+    for i, s in enumerate(sequences):
+        if not isinstance(s, torch.Tensor) or s.ndim != 2:
+            got = tuple(s.shape) if isinstance(s, torch.Tensor) else type(s).__name__
+            raise ValueError(f"sequences[{i}] must be a (T_i, F) tensor, got {got}")
+        if s.shape[1] != sequences[0].shape[1] or s.dtype != sequences[0].dtype:
+            raise ValueError(
+                f"sequences[{i}] has {s.shape[1]} features of {s.dtype}; sequences[0] has "
+                f"{sequences[0].shape[1]} of {sequences[0].dtype}; all must match"
+            )
+    lengths = torch.tensor([len(s) for s in sequences], dtype=torch.int64)
+    padded = torch.nn.utils.rnn.pad_sequence(list(sequences), batch_first=True)
+    mask = torch.arange(padded.shape[1]) < lengths[:, None]
+    return padded, lengths, mask
+
+
+def variable_length(min_repeat: int = 1, max_repeat: int = 3, seed: int = 0) -> tuple[Dataset, Dataset]:
+    """Digits as row sequences of different lengths, for padding experiments.
+
+    Each image is read row by row (8 features a step), and each row is held for a random
+    number of steps in ``[min_repeat, max_repeat]``, like a word spoken at different speeds:
+    the lengths vary from ``8 * min_repeat`` to ``8 * max_repeat`` and no information is lost.
+    With ``min_repeat == max_repeat`` all sequences have length ``8 * min_repeat``.
+
+    Returns ``(train, test)``, each ``(x, lengths, y)``: x ``(N, 8 * max_repeat, 8)``
+    zero-padded, lengths ``(N,)`` int64, y ``(N,)``; the split is ``digits_sequences``'s.
+    """
+    if not (isinstance(min_repeat, int) and isinstance(max_repeat, int) and 1 <= min_repeat <= max_repeat):
+        raise ValueError(f"need integers 1 <= min_repeat <= max_repeat, got {min_repeat!r}, {max_repeat!r}")
+    images, labels = _digits()
+    repeats = np.random.default_rng(seed).integers(min_repeat, max_repeat + 1, size=(len(images), 8))
+    seqs = [torch.from_numpy(np.repeat(img, r, axis=0)) for img, r in zip(images, repeats)]
+    padded, lengths, _ = pad_batch(seqs)
+    if padded.shape[1] < 8 * max_repeat:  # pad to the documented length even if no row drew max_repeat
+        padded = torch.nn.functional.pad(padded, (0, 0, 0, 8 * max_repeat - padded.shape[1]))
+    y = torch.from_numpy(labels)
+    train, test = _split(labels)
+    return (padded[train], lengths[train], y[train]), (padded[test], lengths[test], y[test])
+
+
+def adding_problem(n: int, length: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The adding problem (Hochreiter & Schmidhuber, 1997): a classic long-range task.
+
+    Each sequence has ``length`` steps of 2 features: a value drawn uniformly from [0, 1],
+    and a marker that is 1 at exactly two steps (one in each half) and 0 elsewhere. The
+    target is the sum of the two marked values; always predicting 1 gives an MSE of about 1/6.
+
+    Returns ``x`` of shape ``(n, length, 2)`` and ``y`` of shape ``(n,)``, float32.
+    """
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    if not isinstance(length, int) or length < 2:
+        raise ValueError(f"length must be an int >= 2 (one marker in each half), got {length!r}")
+    g = torch.Generator().manual_seed(seed)
+    values = torch.rand(n, length, generator=g)
+    half = length // 2
+    first = torch.randint(0, half, (n,), generator=g)
+    second = torch.randint(half, length, (n,), generator=g)
+    marker = torch.zeros(n, length)
+    rows = torch.arange(n)
+    marker[rows, first] = 1.0
+    marker[rows, second] = 1.0
+    return torch.stack([values, marker], dim=-1), values[rows, first] + values[rows, second]

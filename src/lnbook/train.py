@@ -1,0 +1,117 @@
+"""A small, deterministic training loop for the book's classifiers."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .data import Dataset
+
+OPTIMIZERS = ("adam", "sgd")
+
+
+@dataclass
+class History:
+    """What :func:`fit` measured.
+
+    ``step_loss``: training loss of every optimizer step. ``train_acc``: accuracy on each
+    epoch's training mini-batches, in training mode, as they were seen. ``test_acc``: test
+    accuracy after each epoch, in eval mode. ``wall_time``: seconds of training (evaluation
+    excluded) at the end of each epoch. Accuracies are fractions in [0, 1].
+    """
+
+    step_loss: list[float] = field(default_factory=list)
+    train_acc: list[float] = field(default_factory=list)
+    test_acc: list[float] = field(default_factory=list)
+    wall_time: list[float] = field(default_factory=list)
+    steps_per_epoch: int = 0
+
+
+def _check_dataset(data: object, name: str) -> Dataset:
+    if not isinstance(data, tuple) or len(data) < 2 or not all(isinstance(t, torch.Tensor) for t in data):
+        raise TypeError(f"{name} must be a tuple of tensors (inputs..., targets), got {type(data).__name__}")
+    n = len(data[-1])
+    if any(len(t) != n for t in data):
+        raise ValueError(f"{name}'s tensors must all have the same first dimension, got {[len(t) for t in data]}")
+    if data[-1].dtype != torch.int64:
+        raise TypeError(f"{name}'s targets must be int64 class labels, got {data[-1].dtype}")
+    return data
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, data: Dataset, batch_size: int = 512) -> float:
+    """Fraction of ``data = (inputs..., labels)`` that ``model`` (in eval mode) classifies right."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    correct = 0
+    for i in range(0, len(data[-1]), batch_size):
+        *inputs, y = (t[i : i + batch_size].to(device) for t in data)
+        correct += int((model(*inputs).argmax(-1) == y).sum())
+    model.train(was_training)
+    return correct / len(data[-1])
+
+
+def fit(
+    model: nn.Module,
+    train: Dataset,
+    test: Dataset,
+    *,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    optimizer: str = "adam",
+    grad_clip: float | None = None,
+) -> History:
+    """Train a classifier with cross-entropy; evaluate on ``test`` after every epoch.
+
+    Args:
+        model: called as ``model(*inputs)`` on a mini-batch, returns logits ``(B, classes)``.
+        train, test: tuples ``(inputs..., labels)`` of tensors sharing their first dimension,
+            e.g. ``(x, y)`` or ``(x, lengths, y)``; labels are int64.
+        epochs, lr, batch_size: the usual; the last mini-batch of an epoch may be smaller.
+        seed: seeds the shuffling and any randomness inside the model (dropout). Initialize
+            the model after ``seed_everything`` for a fully repeatable run; on a CPU with a
+            fixed thread count, the same seed gives the same history.
+        optimizer: ``"adam"``, or ``"sgd"`` with momentum 0.9.
+        grad_clip: if given, clip the global gradient norm to it (recurrent networks).
+    """
+    train, test = _check_dataset(train, "train"), _check_dataset(test, "test")
+    for name, value in (("epochs", epochs), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if not (isinstance(lr, (int, float)) and lr > 0):
+        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+    params = list(model.parameters())
+    opt = torch.optim.Adam(params, lr=lr) if optimizer == "adam" else torch.optim.SGD(params, lr=lr, momentum=0.9)
+    device = params[0].device
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    n = len(train[-1])
+    history = History(steps_per_epoch=-(-n // batch_size))
+    elapsed = 0.0
+    model.train()
+    for _ in range(epochs):
+        start, correct = time.perf_counter(), 0
+        for idx in torch.randperm(n, generator=generator).split(batch_size):
+            *inputs, y = (t[idx].to(device) for t in train)
+            logits = model(*inputs)
+            loss = nn.functional.cross_entropy(logits, y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if grad_clip is not None:
+                nn.utils.clip_grad_norm_(params, grad_clip)
+            opt.step()
+            history.step_loss.append(loss.item())
+            correct += int((logits.argmax(-1) == y).sum())
+        elapsed += time.perf_counter() - start
+        history.wall_time.append(elapsed)
+        history.train_acc.append(correct / n)
+        history.test_acc.append(accuracy(model, test))
+    return history
