@@ -92,6 +92,24 @@ def test_fit_learns_and_is_deterministic():
     assert small_run(seed=1).step_loss != h1.step_loss
 
 
+def test_fit_max_steps_stops_inside_an_epoch():
+    train_set, test_set = data.digits_sequences("pixel")
+    model = models.MLP(64, (8,), 10)
+    h = train.fit(model, train_set, test_set, epochs=100, lr=1e-3, batch_size=64, seed=0, max_steps=30)
+    assert len(h.step_loss) == 30 and len(h.test_acc) == 2  # 23 steps, then 7 of the second epoch
+    with pytest.raises(ValueError, match="max_steps must be a positive int"):
+        train.fit(model, train_set, test_set, epochs=1, lr=1e-3, batch_size=64, seed=0, max_steps=0)
+
+
+def test_fit_drop_last_skips_the_short_batch():
+    train_set, test_set = data.digits_sequences("pixel")  # 1,437 = 22 * 64 + 29
+    model = models.MLP(64, (8,), 10, "batch")
+    h = train.fit(model, train_set, test_set, epochs=1, lr=1e-3, batch_size=64, seed=0, drop_last=True)
+    assert h.steps_per_epoch == len(h.step_loss) == 22
+    with pytest.raises(ValueError, match="more than one real position"):  # 1,437 = 718 * 2 + 1
+        train.fit(model, train_set, test_set, epochs=1, lr=1e-3, batch_size=2, seed=0)
+
+
 def test_fit_rejects_bad_arguments():
     train_set, test_set = data.digits_sequences("pixel")
     model = models.MLP(64, (8,), 10)

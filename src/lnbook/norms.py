@@ -58,10 +58,10 @@ class LayerNorm(nn.Module):
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
 
 
-def _check_mask(mask: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
-    """A (*lead, 1) boolean tensor of real positions for x of shape (*lead, F)."""
+def _check_mask(mask: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
+    """A (*lead, 1) boolean tensor of real positions for x of shape (*lead, F); None if no mask."""
     if mask is None:
-        return torch.ones(x.shape[:-1] + (1,), dtype=torch.bool, device=x.device)
+        return None
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
         got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
         raise TypeError(f"mask must be a boolean tensor (True on real positions), got {got}")
@@ -70,29 +70,32 @@ def _check_mask(mask: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
 
 
 def _masked_moments(
-    x: torch.Tensor, real: torch.Tensor, process_group: object | None = None
+    x: torch.Tensor, real: torch.Tensor | None, process_group: object | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Per-feature mean, biased variance and count over the real positions of x (*lead, F),
-    whose padded positions hold zeros.
+    """Per-feature mean, biased variance and count over the real positions of x (*lead, F).
 
-    With a process group, the sums are all-reduced (one differentiable collective forward,
-    one backward) so that every replica normalizes with the statistics of the global batch.
+    ``real`` is the (*lead, 1) mask (padded positions of x already hold zeros), or None when
+    every position is real. With a process group, the sums are all-reduced (one
+    differentiable collective forward, one backward) so that every replica normalizes with
+    the statistics of the global batch.
     """
     f = x.shape[-1]
-    realf = real.to(x.dtype).expand_as(x)
-    xr = x * realf  # x is already zero on padding
-    if process_group is None:
-        n = int(real.sum())
-        mean = xr.reshape(-1, f).sum(0) / max(n, 1)
-        var = (torch.where(real, x - mean, 0.0) ** 2).reshape(-1, f).sum(0) / max(n, 1)
-    else:
+    if process_group is not None:
         from .parallel import all_reduce_sum
 
-        sums = torch.stack([realf, xr, xr * xr]).reshape(3, -1, f).sum(1).double()
+        ones = torch.ones_like(x) if real is None else real.to(x.dtype).expand_as(x)
+        sums = torch.stack([ones, x, x * x]).reshape(3, -1, f).sum(1).double()
         count, s1, s2 = all_reduce_sum(sums, process_group)
         n = int(count[0])
         mean64 = s1 / max(n, 1)
         mean, var = mean64.to(x.dtype), (s2 / max(n, 1) - mean64**2).clamp_min(0).to(x.dtype)
+    elif real is None:
+        n = x.numel() // f
+        var, mean = torch.var_mean(x.reshape(-1, f), dim=0, correction=0)
+    else:
+        n = int(real.sum())
+        mean = x.reshape(-1, f).sum(0) / max(n, 1)
+        var = (torch.where(real, x - mean, 0.0) ** 2).reshape(-1, f).sum(0) / max(n, 1)
     if n < 2:
         raise ValueError(
             f"BatchNorm needs more than one real position per feature in training, got {n} "
@@ -135,17 +138,17 @@ class _BatchNormBase(nn.Module):
         if x.ndim < 2 or x.shape[-1] != self.num_features:
             raise ValueError(f"x must have shape {ndim} with F = {self.num_features}, got {tuple(x.shape)}")
 
-    def _real_input(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x with zeros on padding, the (*lead, 1) mask): NaN or inf in the padding can then
-        reach neither the statistics nor any gradient."""
+    def _real_input(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(x with zeros on padding, the (*lead, 1) mask or None): NaN or inf in the padding
+        can then reach neither the statistics nor any gradient."""
         real = _check_mask(mask, x)
-        return torch.where(real, x, 0.0), real
+        return (x, None) if real is None else (torch.where(real, x, 0.0), real)
 
     def _affine(self, x, real, mean, var) -> torch.Tensor:
         y = (x - mean) * torch.rsqrt(var + self.eps)
         if self.affine:
             y = y * self.weight + self.bias
-        return torch.where(real, y, 0.0)
+        return y if real is None else torch.where(real, y, 0.0)
 
     def extra_repr(self) -> str:
         return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}"
@@ -214,8 +217,7 @@ class TimeStepBatchNorm(_BatchNormBase):
             self._check_input(x, "(B, T, F) when t is None")
             if x.ndim != 3:
                 raise ValueError(f"x must have shape (B, T, F) when t is None, got {tuple(x.shape)}")
-            if mask is not None:
-                _check_mask(mask, x)
+            _check_mask(mask, x)
             steps = [self._step(x[:, s], s, None if mask is None else mask[:, s]) for s in range(x.shape[1])]
             return torch.stack(steps, dim=1)
         self._check_input(x, "(B, F) for one step t")

@@ -66,6 +66,8 @@ def fit(
     seed: int,
     optimizer: str = "adam",
     grad_clip: float | None = None,
+    drop_last: bool = False,
+    max_steps: int | None = None,
 ) -> History:
     """Train a classifier with cross-entropy; evaluate on ``test`` after every epoch.
 
@@ -79,9 +81,15 @@ def fit(
             fixed thread count, the same seed gives the same history.
         optimizer: ``"adam"``, or ``"sgd"`` with momentum 0.9.
         grad_clip: if given, clip the global gradient norm to it (recurrent networks).
+        drop_last: skip each epoch's last mini-batch when it is smaller than ``batch_size``
+            (BatchNorm cannot train on a batch of one).
+        max_steps: stop after this many optimizer steps, even inside an epoch (which is then
+            evaluated as the last): a budget in updates that is the same for every batch size.
     """
     train, test = _check_dataset(train, "train"), _check_dataset(test, "test")
-    for name, value in (("epochs", epochs), ("batch_size", batch_size)):
+    for name, value in (("epochs", epochs), ("batch_size", batch_size), ("max_steps", max_steps)):
+        if name == "max_steps" and value is None:
+            continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     if not (isinstance(lr, (int, float)) and lr > 0):
@@ -94,12 +102,13 @@ def fit(
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     n = len(train[-1])
-    history = History(steps_per_epoch=-(-n // batch_size))
+    history = History(steps_per_epoch=n // batch_size if drop_last else -(-n // batch_size))
+    seen = history.steps_per_epoch * batch_size if drop_last else n
     elapsed = 0.0
     model.train()
     for _ in range(epochs):
-        start, correct = time.perf_counter(), 0
-        for idx in torch.randperm(n, generator=generator).split(batch_size):
+        start, correct, count = time.perf_counter(), 0, 0
+        for idx in torch.randperm(n, generator=generator)[:seen].split(batch_size):
             *inputs, y = (t[idx].to(device) for t in train)
             logits = model(*inputs)
             loss = nn.functional.cross_entropy(logits, y)
@@ -110,8 +119,13 @@ def fit(
             opt.step()
             history.step_loss.append(loss.item())
             correct += int((logits.argmax(-1) == y).sum())
+            count += len(y)
+            if len(history.step_loss) == max_steps:
+                break
         elapsed += time.perf_counter() - start
         history.wall_time.append(elapsed)
-        history.train_acc.append(correct / n)
+        history.train_acc.append(correct / count)
         history.test_acc.append(accuracy(model, test))
+        if len(history.step_loss) == max_steps:
+            break
     return history
