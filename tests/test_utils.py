@@ -53,3 +53,16 @@ def test_norm_axes_figure_shades_what_each_norm_averages(kind):
         plotting.norm_axes_figure("video")
     with pytest.raises(ValueError, match="norms must be"):
         plotting.norm_axes_figure(kind, ("WeightNorm",))
+
+
+def test_mean_and_spread_draws_the_mean_and_the_band():
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    runs = np.array([[1.0, 2.0, 3.0], [3.0, 4.0, 5.0]])
+    plotting.mean_and_spread(ax, [0, 1, 2], runs, "x")
+    np.testing.assert_allclose(ax.lines[0].get_ydata(), [2.0, 3.0, 4.0])
+    assert ax.lines[0].get_label() == "x (mean of 2)" and len(ax.collections) == 1
+    with pytest.raises(ValueError, match="runs must have shape"):
+        plotting.mean_and_spread(ax, [0, 1], runs, "x")
+    plt.close(fig)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
+from numpy.typing import ArrayLike
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Polygon
@@ -114,3 +115,16 @@ def norm_axes_figure(
     fig.suptitle("Blue cells share one mean and variance", y=0.98)
     fig.tight_layout()
     return fig
+
+
+def mean_and_spread(ax: Axes, x: ArrayLike, runs: ArrayLike, label: str, **kwargs) -> None:
+    """Plot the mean over runs as a line and the min-max spread as a band.
+
+    ``runs`` is ``(n_runs, len(x))``, one row per seed; ``kwargs`` go to the line.
+    """
+    runs = np.asarray(runs, dtype=float)
+    x = np.asarray(x, dtype=float)
+    if runs.ndim != 2 or runs.shape[1] != len(x):
+        raise ValueError(f"runs must have shape (n_runs, {len(x)}), got {runs.shape}")
+    (line,) = ax.plot(x, runs.mean(0), label=f"{label} (mean of {len(runs)})", **kwargs)
+    ax.fill_between(x, runs.min(0), runs.max(0), color=line.get_color(), alpha=0.2, lw=0)
