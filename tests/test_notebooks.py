@@ -1,7 +1,8 @@
 """Notebook hygiene: what nbval cannot see, checked on the committed files.
 
 Every notebook stores outputs for every code cell, run once from top to bottom, with no
-errors, memory addresses or absolute paths in them, and opens as the book guide says: a title
+errors, memory addresses or absolute paths in them; every result the text quotes (a number
+with three decimals) is one that a stored output prints; and it opens as the guide says: a title
 with an "Open in Colab" badge for this very file, then a Colab-only set-up cell that nbval
 skips and the book hides, then imports with ``seed_everything`` and a device choice.
 """
@@ -16,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 REPO = re.search(r"url:\s*https://github\.com/(\S+)", (ROOT / "_config.yml").read_text()).group(1)
+MEASURED = re.compile(r"(?<![\d.])\d+\.\d{3}(?!\d|\.\d)")  # a quoted result: 3 decimals
 LEAKS = re.compile(r"0x[0-9a-fA-F]{6,}|/home/|/root/|/tmp/|/Users/|[A-Z]:\\\\|site-packages|Traceback")
 
 
@@ -65,6 +67,12 @@ def problems(nb: dict, relpath: str) -> list[str]:
         found.append("the third cell must import, call seed_everything(...) and choose the device with default_device()")
     if "# NBVAL_" in "".join(source(c) for c in code):
         found.append("use nbval metadata tags, not '# NBVAL_' comments (comments show in the book)")
+    printed = "".join(output_text(out) for c in code for out in c.get("outputs", []))
+    for c in cells:
+        if c["cell_type"] == "markdown":
+            for number in MEASURED.findall(source(c)):
+                if number not in printed:
+                    found.append(f"the text quotes {number}, which no stored output prints")
     return found
 
 
@@ -94,6 +102,13 @@ def test_hygiene_check_catches_a_stripped_notebook():
             c["outputs"], c["execution_count"] = [], None
     found = problems(nb, path.relative_to(ROOT).as_posix())
     assert any("never executed" in p for p in found) and any("no code cell stores" in p for p in found)
+
+
+def test_hygiene_check_catches_a_number_no_cell_printed():
+    path = NOTEBOOKS[0]
+    nb = copy.deepcopy(load(path))
+    nb["cells"].append({"cell_type": "markdown", "metadata": {}, "source": ["BatchNorm reached 0.987."]})
+    assert "the text quotes 0.987, which no stored output prints" in problems(nb, path.relative_to(ROOT).as_posix())
 
 
 def test_hygiene_check_catches_leaks_order_and_a_wrong_badge():
