@@ -66,3 +66,18 @@ def test_mean_and_spread_draws_the_mean_and_the_band():
     with pytest.raises(ValueError, match="runs must have shape"):
         plotting.mean_and_spread(ax, [0, 1], runs, "x")
     plt.close(fig)
+
+
+def test_table_is_text_for_nbval_and_markdown_for_the_book():
+    from lnbook.utils import Table
+
+    t = Table(["norm", "accuracy"], [["BatchNorm", 0.5], ["LayerNorm | x", "0.9"]])
+    assert repr(t).splitlines() == [
+        "norm          | accuracy",
+        "--------------+---------",
+        "BatchNorm     | 0.5",
+        "LayerNorm | x | 0.9",
+    ]
+    assert t._repr_markdown_().splitlines()[2:] == ["| BatchNorm | 0.5 |", "| LayerNorm \\| x | 0.9 |"]
+    with pytest.raises(ValueError, match=r"rows\[0\] has 1 cells, the header has 2"):
+        Table(["a", "b"], [["x"]])

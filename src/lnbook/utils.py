@@ -1,10 +1,11 @@
-"""Seeding, device choice and showing the package's own source in a notebook."""
+"""Seeding, device choice, and showing source and result tables in a notebook."""
 
 from __future__ import annotations
 
 import inspect
 import random
 import textwrap
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -24,6 +25,28 @@ def seed_everything(seed: int) -> None:
 def default_device() -> torch.device:
     """The first CUDA GPU when there is one, else the CPU."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class Table:
+    """Rows of results that a notebook renders as a Markdown table and a terminal (or nbval,
+    which compares text) sees as aligned plain text."""
+
+    def __init__(self, header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+        self.header = [str(h) for h in header]
+        self.rows = [[str(c) for c in row] for row in rows]
+        for i, row in enumerate(self.rows):
+            if len(row) != len(self.header):
+                raise ValueError(f"rows[{i}] has {len(row)} cells, the header has {len(self.header)}")
+
+    def __repr__(self) -> str:
+        widths = [max(len(r[j]) for r in [self.header, *self.rows]) for j in range(len(self.header))]
+        line = lambda cells: " | ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+        return "\n".join([line(self.header), "-+-".join("-" * w for w in widths), *map(line, self.rows)])
+
+    def _repr_markdown_(self) -> str:
+        esc = lambda c: c.replace("|", "\\|")  # noqa: E731
+        lines = ["| " + " | ".join(map(esc, self.header)) + " |", "|" + "---|" * len(self.header)]
+        return "\n".join(lines + ["| " + " | ".join(map(esc, r)) + " |" for r in self.rows])
 
 
 class Source:
