@@ -143,3 +143,24 @@ def test_module_is_a_drop_in_for_nn_layernorm():
     x = torch.randn(5, 6)
     torch.testing.assert_close(ours(x), net(x))
     assert repr(ours[1]) == "LayerNorm((8,), eps=1e-05, elementwise_affine=True)"
+
+
+def test_replace_layer_norms_keeps_loss_and_gradients():
+    from lnbook.norms import replace_layer_norms
+
+    torch.manual_seed(0)
+    ref = torch.nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True).double()
+    with torch.no_grad():
+        ref.norm1.weight.normal_(), ref.norm2.bias.normal_()
+    swapped = torch.nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True).double()
+    swapped.load_state_dict(ref.state_dict())
+    assert replace_layer_norms(swapped) == 2
+    assert isinstance(swapped.norm1, LayerNorm) and not any(type(m) is torch.nn.LayerNorm for m in swapped.modules())
+    x = torch.randn(3, 5, 16, dtype=torch.float64)
+    losses = [m(x).pow(2).mean() for m in (ref, swapped)]
+    torch.testing.assert_close(losses[0], losses[1])
+    for m, loss in zip((ref, swapped), losses):
+        loss.backward()
+    for (n1, p1), (n2, p2) in zip(ref.named_parameters(), swapped.named_parameters(), strict=True):
+        assert n1 == n2
+        torch.testing.assert_close(p1.grad, p2.grad)

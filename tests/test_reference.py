@@ -7,22 +7,6 @@ import torch
 from lnbook import reference
 
 
-def numeric_grad(f, x, eps=1e-6):
-    """Central differences of the scalar f at x (float64)."""
-    g = np.zeros_like(x)
-    it = np.nditer(x, flags=["multi_index"])
-    for _ in it:
-        i = it.multi_index
-        old = x[i]
-        x[i] = old + eps
-        hi = f(x)
-        x[i] = old - eps
-        lo = f(x)
-        x[i] = old
-        g[i] = (hi - lo) / (2 * eps)
-    return g
-
-
 @pytest.mark.parametrize("shape", [(5, 7), (2, 3, 4), (2, 1, 3, 6), (4, 1)])
 def test_layernorm_matches_torch(shape):
     rng = np.random.default_rng(1)
@@ -44,9 +28,9 @@ def test_layernorm_backward_matches_finite_differences():
     gamma, beta = rng.normal(size=5), rng.normal(size=5)
     dx, dg, db = reference.layernorm_backward(dy, reference.layernorm_forward(x, gamma, beta)[1])
     loss = lambda x_, g_, b_: float((reference.layernorm_forward(x_, g_, b_)[0] * dy).sum())  # noqa: E731
-    np.testing.assert_allclose(dx, numeric_grad(lambda a: loss(a, gamma, beta), x.copy()), rtol=1e-6, atol=1e-8)
-    np.testing.assert_allclose(dg, numeric_grad(lambda a: loss(x, a, beta), gamma.copy()), rtol=1e-6, atol=1e-8)
-    np.testing.assert_allclose(db, numeric_grad(lambda a: loss(x, gamma, a), beta.copy()), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(dx, reference.finite_difference_grad(lambda a: loss(a, gamma, beta), x), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(dg, reference.finite_difference_grad(lambda a: loss(x, a, beta), gamma), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(db, reference.finite_difference_grad(lambda a: loss(x, gamma, a), beta), rtol=1e-6, atol=1e-8)
 
 
 @pytest.mark.parametrize("shape", [(8, 3), (4, 5, 3), (2, 3, 4, 5)])
@@ -102,7 +86,7 @@ def test_masked_batchnorm_backward_matches_finite_differences():
     gamma, beta = rng.normal(size=2), rng.normal(size=2)
     dx, _, _ = reference.batchnorm_backward(dy, reference.batchnorm_forward(x, gamma, beta, mask=mask)[1])
     loss = lambda a: float((reference.batchnorm_forward(a, gamma, beta, mask=mask)[0] * dy).sum())  # noqa: E731
-    np.testing.assert_allclose(dx, numeric_grad(loss, x.copy()), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(dx, reference.finite_difference_grad(loss, x), rtol=1e-6, atol=1e-8)
 
 
 def test_layernorm_output_is_standardized_and_nan_stays_in_its_row():
@@ -137,3 +121,81 @@ def test_reference_matches_lnbook_functional(shape):
     np.testing.assert_allclose(y, yt.detach().numpy(), rtol=1e-12, atol=1e-12)
     for mine, t in zip(grads, (xt, gt, bt)):
         np.testing.assert_allclose(mine, t.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_finite_difference_grad_of_a_known_function():
+    x = np.array([[0.5, -1.0], [2.0, 3.0]])
+    np.testing.assert_allclose(reference.finite_difference_grad(lambda a: float((a**3).sum()), x), 3 * x**2, rtol=1e-8)
+    assert x[0, 0] == 0.5  # the input is left as it was
+
+
+@pytest.mark.parametrize("where", ["input", "output"])
+def test_backward_from_recomputed_or_recovered_xhat(where):
+    rng = np.random.default_rng(8)
+    x, dy = rng.normal(size=(4, 6)) * 3 + 2, rng.normal(size=(4, 6))
+    gamma, beta = rng.normal(size=6) + 2, rng.normal(size=6)
+    y, cache = reference.layernorm_forward(x, gamma, beta)
+    mean, rstd = x.mean(-1, keepdims=True), cache.rstd
+    xhat = reference.xhat_from_input(x, mean, rstd) if where == "input" else reference.xhat_from_output(y, gamma, beta)
+    for mine, ref in zip(reference.layernorm_backward_xhat(dy, xhat, rstd, gamma), reference.layernorm_backward(dy, cache)):
+        np.testing.assert_allclose(mine, ref, rtol=1e-9, atol=1e-12)
+
+
+def test_xhat_from_output_fails_where_a_gain_is_zero():
+    y, cache = reference.layernorm_forward(np.ones((2, 3)) * [1.0, 2.0, 4.0], np.array([1.0, 0.0, 1.0]), np.zeros(3))
+    xhat = reference.xhat_from_output(y, np.array([1.0, 0.0, 1.0]), np.zeros(3))
+    assert np.isnan(xhat[:, 1]).all() and np.isfinite(xhat[:, [0, 2]]).all()
+
+
+def test_layernorm_variants():
+    x = np.random.default_rng(9).normal(size=(5, 8)) * 2 + 1
+    torch_ln = torch.nn.functional.layer_norm(torch.tensor(x), (8,)).numpy()
+    np.testing.assert_allclose(reference.layernorm_variant(x), torch_ln, rtol=1e-12, atol=1e-12)
+    unbiased = reference.layernorm_variant(x, unbiased=True, eps=1e-12)
+    np.testing.assert_allclose(unbiased, torch_ln * np.sqrt(7 / 8), rtol=1e-5)  # std grows by sqrt(8/7)
+    outside = reference.layernorm_variant(x, eps=0.5, eps_outside_sqrt=True)
+    np.testing.assert_allclose(outside, (x - x.mean(-1, keepdims=True)) / (x.std(-1, keepdims=True) + 0.5))
+    with pytest.raises(ValueError, match="at least 2 features"):
+        reference.layernorm_variant(np.ones((2, 1)), unbiased=True)
+
+
+def test_round_to_bfloat16_keeps_8_significant_bits_ties_to_even():
+    r = reference.round_to(np.array([1.0, 1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-7, np.inf, -2.0**-130]), "bfloat16")
+    np.testing.assert_array_equal(r[:5], [1.0, 1.0, 1 + 2**-6, 1 + 2**-7, np.inf])
+    assert r.dtype == np.float32 and r[5] < 0
+    assert reference.round_to(np.array([1 + 2**-12]), "float16")[0] == 1.0
+    with pytest.raises(ValueError, match="precision must be one of"):
+        reference.round_to(np.ones(2), "float8")
+
+
+@pytest.mark.parametrize("method", ["one_pass", "two_pass", "welford", "welford_merge"])
+def test_every_variance_method_is_exact_enough_in_float64(method):
+    x = np.random.default_rng(10).normal(size=(3, 101)) * 2 + 5
+    np.testing.assert_allclose(reference.variance(x, method), x.var(-1), rtol=1e-12)
+
+
+def test_welford_merge_equals_welford_on_the_whole():
+    x = np.random.default_rng(11).normal(size=(4, 30)) + 3
+    a, b = reference.welford(x[:, :11]), reference.welford(x[:, 11:])
+    merged, whole = reference.welford_merge(a, b), reference.welford(x)
+    np.testing.assert_allclose(merged.mean, whole.mean, rtol=1e-13)
+    np.testing.assert_allclose(merged.m2, whole.m2, rtol=1e-12)
+    assert (merged.count == 30).all()
+
+
+def test_one_pass_variance_cancels_catastrophically_in_float32_and_the_others_do_not():
+    x = 1e4 + np.random.default_rng(12).normal(size=(8, 256))
+    stored = reference.round_to(x, "float32").astype(np.float64).var(-1)
+    err = {m: np.abs(reference.variance(x, m, "float32") - stored).max() / stored.min()
+           for m in ("one_pass", "two_pass", "welford")}
+    assert err["one_pass"] > 1.0  # no correct digit left
+    assert err["two_pass"] < 1e-3 and err["welford"] < 1e-2
+
+
+def test_float16_accumulation_overflows_and_float32_accumulation_does_not():
+    x = 100 + np.random.default_rng(13).normal(size=(2, 256))
+    with np.errstate(over="ignore", invalid="ignore"):
+        assert not np.isfinite(reference.variance(x, "one_pass", "float16")).all()
+    assert np.isfinite(reference.variance(x, "two_pass", "float16", accumulate="float32")).all()
+    with pytest.raises(ValueError, match="method must be"):
+        reference.variance(x, "three_pass")

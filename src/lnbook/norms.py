@@ -239,3 +239,23 @@ class TimeStepBatchNorm(_BatchNormBase):
         if t == 0:
             self.num_batches_tracked += 1
         return self._affine(x, real, mean, var)
+
+
+def replace_layer_norms(model: nn.Module) -> int:
+    """Swap every ``torch.nn.LayerNorm`` inside ``model`` for :class:`LayerNorm`, in place.
+
+    Settings, parameters, device and dtype are carried over, so outputs and gradients stay
+    the same. Returns how many modules were replaced.
+    """
+    count = 0
+    for name, child in model.named_children():
+        if isinstance(child, nn.LayerNorm):
+            ours = LayerNorm(child.normalized_shape, child.eps, child.elementwise_affine, child.bias is not None)
+            ours.load_state_dict(child.state_dict())
+            if child.weight is not None:
+                ours.to(device=child.weight.device, dtype=child.weight.dtype)
+            setattr(model, name, ours)
+            count += 1
+        else:
+            count += replace_layer_norms(child)
+    return count

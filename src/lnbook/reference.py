@@ -83,13 +83,39 @@ def layernorm_backward(dy: ArrayLike, cache: LayerNormCache) -> tuple[np.ndarray
     Returns ``(dx, dgamma, dbeta)`` with shapes ``(..., H)``, ``(H,)``, ``(H,)``:
     ``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))`` with ``g = dy * gamma``, means over H.
     """
-    xhat, rstd, gamma = cache
+    return layernorm_backward_xhat(dy, *cache)
+
+
+def layernorm_backward_xhat(
+    dy: ArrayLike, xhat: np.ndarray, rstd: np.ndarray, gamma: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """LayerNorm's backward from the normalized input ``xhat (..., H)`` and ``rstd (..., 1)``.
+
+    However ``xhat`` was kept (saved, recomputed from x, mean and rstd with
+    :func:`xhat_from_input`, or recovered from the output with :func:`xhat_from_output`),
+    this is the whole backward pass. Returns ``(dx, dgamma, dbeta)``.
+    """
     dy = _as_float_array(dy, "dy", xhat.dtype)
-    check_shape(dy.shape, xhat.shape, "dy", "the shape of x")
+    check_shape(dy.shape, xhat.shape, "dy", "the shape of xhat")
     lead = tuple(range(dy.ndim - 1))
     g = dy * gamma
     dx = rstd * (g - g.mean(axis=-1, keepdims=True) - xhat * (g * xhat).mean(axis=-1, keepdims=True))
     return dx, (dy * xhat).sum(axis=lead), dy.sum(axis=lead)
+
+
+def xhat_from_input(x: np.ndarray, mean: np.ndarray, rstd: np.ndarray) -> np.ndarray:
+    """Recompute ``xhat = (x - mean) * rstd`` from the saved input and statistics (..., 1)."""
+    return (x - mean) * rstd
+
+
+def xhat_from_output(y: np.ndarray, gamma: np.ndarray, beta: np.ndarray) -> np.ndarray:
+    """Recover ``xhat = (y - beta) / gamma`` from the output, as memory-saving kernels do.
+
+    Exact in exact arithmetic; the rounding error of y is divided by gamma, so it fails
+    where a gain is near zero (and gives inf or NaN where it is zero).
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (y - beta) / gamma
 
 
 def batchnorm_forward(
@@ -154,3 +180,137 @@ def batchnorm_backward(dy: ArrayLike, cache: BatchNormCache) -> tuple[np.ndarray
     g = dy * gamma
     dx = rstd * (g - g.sum(axis=lead) / count - xhat * (g * xhat).sum(axis=lead) / count)
     return np.where(real, dx, 0.0), (dy * xhat).sum(axis=lead), dy.sum(axis=lead)
+
+
+def layernorm_variant(
+    x: ArrayLike, eps: float = 1e-5, *, unbiased: bool = False, eps_outside_sqrt: bool = False
+) -> np.ndarray:
+    """LayerNorm's normalization step (no gain or bias) as variants found in real code do it.
+
+    ``unbiased``: divide the squared deviations by H - 1 instead of H (what ``x.std()`` does
+    by default in PyTorch). ``eps_outside_sqrt``: ``(x - mean) / (std + eps)`` instead of
+    ``(x - mean) / sqrt(var + eps)``. Both False is ``torch.nn.LayerNorm``. Float64, last axis.
+    """
+    x = _as_float_array(x, "x", np.float64)
+    eps = check_eps(eps)
+    h = x.shape[-1]
+    if unbiased and h < 2:
+        raise ValueError(f"the unbiased variance needs at least 2 features, got {h}")
+    centered = x - x.mean(axis=-1, keepdims=True)
+    var = (centered**2).sum(axis=-1, keepdims=True) / (h - 1 if unbiased else h)
+    return centered / (np.sqrt(var) + eps) if eps_outside_sqrt else centered / np.sqrt(var + eps)
+
+
+def finite_difference_grad(f, x: np.ndarray, h: float = 1e-6) -> np.ndarray:
+    """Central differences ``(f(x + h e_i) - f(x - h e_i)) / 2h`` of a scalar function f.
+
+    ``x`` is float64 of any shape; the result has its shape. One pair of calls per element.
+    """
+    x = np.array(x, dtype=np.float64)
+    grad = np.empty_like(x)
+    flat, g = x.reshape(-1), grad.reshape(-1)
+    for i in range(flat.size):
+        old = flat[i]
+        flat[i] = old + h
+        hi = f(x)
+        flat[i] = old - h
+        lo = f(x)
+        flat[i] = old
+        g[i] = (hi - lo) / (2 * h)
+    return grad
+
+
+# ---------------------------------------------------------------------------------------
+# Variance in low precision. Each algorithm runs with every intermediate result rounded to
+# the working precision, as a kernel that accumulates in that precision would.
+
+PRECISIONS = ("float64", "float32", "float16", "bfloat16")
+
+
+def round_to(x: ArrayLike, precision: str) -> np.ndarray:
+    """Round to ``precision`` (one of ``PRECISIONS``), returned as an array that holds it.
+
+    bfloat16, which NumPy lacks, is float32 rounded to its top 16 bits (8 exponent bits, 7
+    mantissa bits), to nearest with ties to even, as hardware does.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision != "bfloat16":
+        return np.asarray(x, dtype=precision)
+    x32 = np.ascontiguousarray(x, dtype=np.float32)
+    bits = x32.view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    out = rounded.astype(np.uint32).view(np.float32)
+    return np.where(np.isfinite(x32), out, x32)  # inf and NaN pass through
+
+
+class WelfordState(NamedTuple):
+    """Running statistics of a stream: count, mean and M2 (the sum of squared deviations)."""
+
+    count: np.ndarray
+    mean: np.ndarray
+    m2: np.ndarray
+
+
+def welford(x: ArrayLike, precision: str = "float64") -> WelfordState:
+    """Welford's streaming update over the last axis of ``x (..., N)``, one element at a time.
+
+    ``mean += (x_k - mean) / k`` and ``M2 += (x_k - mean_old) * (x_k - mean_new)``; the
+    variance is ``M2 / N``. Every intermediate is rounded to ``precision``.
+    """
+    r = lambda a: round_to(a, precision)  # noqa: E731
+    x = r(x)
+    mean, m2 = r(np.zeros(x.shape[:-1])), r(np.zeros(x.shape[:-1]))
+    for k in range(x.shape[-1]):
+        delta = r(x[..., k] - mean)
+        mean = r(mean + r(delta / (k + 1)))
+        m2 = r(m2 + r(delta * r(x[..., k] - mean)))
+    return WelfordState(np.full(x.shape[:-1], x.shape[-1]), mean, m2)
+
+
+def welford_merge(a: WelfordState, b: WelfordState, precision: str = "float64") -> WelfordState:
+    """Combine the statistics of two disjoint parts (Chan et al., 1979), as kernels that
+    split a row across threads do: ``M2 = M2_a + M2_b + delta^2 * n_a * n_b / n``."""
+    r = lambda v: round_to(v, precision)  # noqa: E731
+    n = a.count + b.count
+    delta = r(b.mean - a.mean)
+    mean = r(a.mean + r(delta * r(b.count / n)))
+    m2 = r(r(a.m2 + b.m2) + r(r(delta * delta) * r(a.count * b.count / n)))
+    return WelfordState(n, mean, m2)
+
+
+def variance(
+    x: ArrayLike, method: str = "two_pass", precision: str = "float64", accumulate: str | None = None
+) -> np.ndarray:
+    """The biased variance of ``x (..., N)`` over its last axis, computed by ``method``:
+
+    * ``"one_pass"``: ``E[x^2] - E[x]^2`` from one sweep of running sums;
+    * ``"two_pass"``: the mean first, then the mean squared deviation from it;
+    * ``"welford"``: Welford's streaming update;
+    * ``"welford_merge"``: Welford on each half of the row, then the two states merged.
+
+    The input is first rounded to ``precision`` (how it is stored); sums then run element by
+    element with every intermediate rounded to ``accumulate`` (default: ``precision``).
+    Mixed-precision kernels store float16 or bfloat16 and accumulate in float32.
+    """
+    acc_p = accumulate or precision
+    r = lambda a: round_to(a, acc_p)  # noqa: E731
+    x = r(round_to(x, precision))
+    n = x.shape[-1]
+    if method in ("one_pass", "two_pass"):
+        total = r(np.zeros(x.shape[:-1]))
+        for k in range(n):
+            total = r(total + x[..., k])
+        mean = r(total / n)
+        acc = r(np.zeros(x.shape[:-1]))
+        for k in range(n):
+            term = r(x[..., k] * x[..., k]) if method == "one_pass" else r(r(x[..., k] - mean) ** 2)
+            acc = r(acc + term)
+        return r(r(acc / n) - r(mean * mean)) if method == "one_pass" else r(acc / n)
+    if method == "welford":
+        state = welford(x, acc_p)
+    elif method == "welford_merge":
+        state = welford_merge(welford(x[..., : n // 2], acc_p), welford(x[..., n // 2 :], acc_p), acc_p)
+    else:
+        raise ValueError(f"method must be 'one_pass', 'two_pass', 'welford' or 'welford_merge', got {method!r}")
+    return r(state.m2 / state.count)
