@@ -192,6 +192,10 @@ def test_synchronized_statistics_on_one_process_equal_the_local_ones():
         torch.testing.assert_close(ya, yb)
         torch.testing.assert_close(xa.grad, xb.grad)
         torch.testing.assert_close(local.running_var, synced.running_var)
+        # float32 features with a large mean: the synchronized sums must not cancel
+        big = torch.randn(64, 4) + 1000.0
+        a, b = MaskedBatchNorm1d(4)(big), MaskedBatchNorm1d(4, process_group=dist.group.WORLD)(big)
+        torch.testing.assert_close(a, b, atol=1e-3, rtol=0)
     finally:
         dist.destroy_process_group()
     with pytest.raises(ValueError, match="world_size"):

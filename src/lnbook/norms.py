@@ -83,8 +83,9 @@ def _masked_moments(
     if process_group is not None:
         from .parallel import all_reduce_sum
 
-        ones = torch.ones_like(x) if real is None else real.to(x.dtype).expand_as(x)
-        sums = torch.stack([ones, x, x * x]).reshape(3, -1, f).sum(1).double()
+        xd = x.double()  # float64 sums: E[x^2] - E[x]^2 cancels badly in float32 at large means
+        ones = torch.ones_like(xd) if real is None else real.to(xd.dtype).expand_as(xd)
+        sums = torch.stack([ones, xd, xd * xd]).reshape(3, -1, f).sum(1)
         count, s1, s2 = all_reduce_sum(sums, process_group)
         n = int(count[0])
         mean64 = s1 / max(n, 1)
@@ -199,7 +200,9 @@ class TimeStepBatchNorm(_BatchNormBase):
     Step t of a sequence is normalized with the batch statistics of step t in training, and
     with step t's own running averages in eval. Gain and bias are shared by all steps. At
     inference, steps at or beyond ``max_steps`` reuse the statistics of the last trained step
-    ``max_steps - 1``, as that paper does; training on them raises.
+    ``max_steps - 1``, as that paper does; training on them raises. Training also raises at
+    a step where fewer than two sequences of the batch are real (the tail of a padded batch):
+    train on equal lengths, or batches bucketed by length.
 
     Call with ``x`` of shape ``(B, F)`` and the step ``t`` (inside a recurrence), or with a
     whole sequence batch ``(B, T, F)`` and ``t=None``. ``mask`` has ``x``'s shape without F.
