@@ -231,7 +231,9 @@ def round_to(x: ArrayLike, precision: str) -> np.ndarray:
     """Round to ``precision`` (one of ``PRECISIONS``), returned as an array that holds it.
 
     bfloat16, which NumPy lacks, is float32 rounded to its top 16 bits (8 exponent bits, 7
-    mantissa bits), to nearest with ties to even, as hardware does.
+    mantissa bits), to nearest with ties to even, as hardware does. A float64 input goes
+    through float32 first (as ``tensor.to(torch.bfloat16)`` does), so a value within one
+    float32 rounding of a tie can round the other way than direct rounding would.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
