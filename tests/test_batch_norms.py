@@ -144,3 +144,16 @@ def test_steps_beyond_max_steps_reuse_the_last_steps_statistics():
 def test_bad_input(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def test_time_step_tail_with_one_real_sequence_uses_running_statistics():
+    bn = TimeStepBatchNorm(2, max_steps=3).double()
+    with torch.no_grad():
+        bn.running_mean[2] = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    x = torch.randn(3, 2, dtype=torch.float64)
+    mask = torch.tensor([True, False, False])
+    y = bn(x, 2, mask)
+    expected = (x[0] - bn.running_mean[2]) / torch.sqrt(bn.running_var[2] + bn.eps)
+    torch.testing.assert_close(y[0], expected)
+    assert (y[1:] == 0).all()
+    torch.testing.assert_close(bn.running_mean[2], torch.tensor([1.0, -1.0], dtype=torch.float64))

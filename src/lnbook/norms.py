@@ -200,9 +200,10 @@ class TimeStepBatchNorm(_BatchNormBase):
     Step t of a sequence is normalized with the batch statistics of step t in training, and
     with step t's own running averages in eval. Gain and bias are shared by all steps. At
     inference, steps at or beyond ``max_steps`` reuse the statistics of the last trained step
-    ``max_steps - 1``, as that paper does; training on them raises. Training also raises at
-    a step where fewer than two sequences of the batch are real (the tail of a padded batch):
-    train on equal lengths, or batches bucketed by length.
+    ``max_steps - 1``, as that paper does; training on them raises. At a step where the
+    ``mask`` leaves fewer than two real sequences (the tail of a padded batch), batch
+    statistics do not exist: training then normalizes with that step's running statistics
+    and leaves them unchanged.
 
     Call with ``x`` of shape ``(B, F)`` and the step ``t`` (inside a recurrence), or with a
     whole sequence batch ``(B, T, F)`` and ``t=None``. ``mask`` has ``x``'s shape without F.
@@ -237,6 +238,8 @@ class TimeStepBatchNorm(_BatchNormBase):
             return self._affine(x, real, self.running_mean[s], self.running_var[s])
         if t >= self.max_steps:
             raise ValueError(f"t = {t} is beyond max_steps = {self.max_steps}; training needs statistics for every step")
+        if real is not None and int(real.sum()) < 2:
+            return self._affine(x, real, self.running_mean[t], self.running_var[t])
         mean, var, n = _masked_moments(x, real)
         _update_running(self.running_mean[t], self.running_var[t], mean, var, n, self.momentum)
         if t == 0:

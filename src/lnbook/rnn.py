@@ -1,0 +1,178 @@
+"""LSTM and GRU cells with no, batch or layer normalization, and a padded-sequence runner.
+
+Layer normalization goes where Ba et al. (2016) put it: separately on the input-to-hidden
+term ``W_x x`` and the hidden-to-hidden term ``W_h h`` (over all gates together), and, in
+the LSTM, on the cell state before the output ``tanh``. Batch normalization goes in the same
+places with one set of statistics per time step and gains initialized to 0.1, as Cooijmans
+et al. (2017) recommend. Constructor flags switch each placement on or off.
+
+Parameter names follow ``torch.nn.LSTMCell`` / ``torch.nn.GRUCell`` (``weight_ih``,
+``weight_hh``, ``bias_ih``, ``bias_hh``, gates in PyTorch's order), so weights copy over.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .norms import LayerNorm, TimeStepBatchNorm
+
+NORMS = ("none", "layer", "batch")
+
+
+def _check_positive_int(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+class _NormedCell(nn.Module):
+    """Weights, initialization and the three optional norms shared by the LSTM and GRU cells."""
+
+    GATES = 1
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        norm: str = "none",
+        *,
+        norm_input: bool = True,
+        norm_hidden: bool = True,
+        norm_cell: bool = True,
+        max_steps: int | None = None,
+        bn_gain: float = 0.1,
+    ) -> None:
+        super().__init__()
+        self.input_size = _check_positive_int(input_size, "input_size")
+        self.hidden_size = _check_positive_int(hidden_size, "hidden_size")
+        if norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+        if norm == "batch" and max_steps is None:
+            raise ValueError("norm='batch' needs max_steps: BatchNorm keeps statistics per time step")
+        self.norm = norm
+        width = self.GATES * hidden_size
+        self.weight_ih = nn.Parameter(torch.empty(width, input_size))
+        self.weight_hh = nn.Parameter(torch.empty(width, hidden_size))
+        self.bias_ih = nn.Parameter(torch.empty(width))
+        self.bias_hh = nn.Parameter(torch.empty(width))
+        bound = 1 / math.sqrt(hidden_size)  # torch.nn.LSTMCell's initialization
+        for p in self.parameters():
+            nn.init.uniform_(p, -bound, bound)
+
+        def make(on: bool, size: int) -> nn.Module | None:
+            if norm == "none" or not on:
+                return None
+            if norm == "layer":
+                return LayerNorm(size)
+            bn = TimeStepBatchNorm(size, max_steps)
+            nn.init.constant_(bn.weight, bn_gain)
+            nn.init.zeros_(bn.bias)  # the cell's own biases do the shifting
+            return bn
+
+        self.norm_ih = make(norm_input, width)
+        self.norm_hh = make(norm_hidden, width if self.GATES == 4 else 2 * hidden_size)
+        self.norm_c = make(norm_cell and self.GATES == 4, hidden_size)
+
+    def _normed(self, module: nn.Module | None, a: torch.Tensor, t: int, mask: torch.Tensor | None) -> torch.Tensor:
+        if module is None:
+            return a
+        if isinstance(module, TimeStepBatchNorm):
+            return module(a, t, mask)
+        return module(a)
+
+    def _check(self, x: torch.Tensor, t: int) -> None:
+        if x.ndim != 2 or x.shape[1] != self.input_size:
+            raise ValueError(f"x must have shape (B, {self.input_size}), got {tuple(x.shape)}")
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            raise ValueError(f"t must be a non-negative int (the time step), got {t!r}")
+
+
+class LSTMCell(_NormedCell):
+    """LSTM cell (Hochreiter & Schmidhuber, 1997) with optional normalization.
+
+    ``norm``: ``"none"`` (exactly ``torch.nn.LSTMCell``), ``"layer"`` or ``"batch"``;
+    ``norm_input``, ``norm_hidden``, ``norm_cell`` select the placements.
+    Call ``cell(x, (h, c), t, mask)`` with ``x (B, input_size)``, ``h, c (B, hidden_size)``,
+    the step ``t`` (per-step statistics) and an optional ``(B,)`` mask of real sequences;
+    returns ``(h, c)``.
+    """
+
+    GATES = 4
+
+    def forward(
+        self, x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor], t: int = 0, mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self._check(x, t)
+        h, c = state
+        gates = (
+            self._normed(self.norm_ih, x @ self.weight_ih.T, t, mask)
+            + self._normed(self.norm_hh, h @ self.weight_hh.T, t, mask)
+            + self.bias_ih
+            + self.bias_hh
+        )
+        i, f, g, o = gates.chunk(4, dim=1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(self._normed(self.norm_c, c, t, mask))
+        return h, c
+
+
+class GRUCell(_NormedCell):
+    """GRU cell (Cho et al., 2014) with optional normalization, in PyTorch's formulation.
+
+    The input term ``W_x x`` (all three gates) and the hidden term of the reset and update
+    gates ``W_hr h, W_hz h`` are normalized; the candidate's hidden term is multiplied by the
+    reset gate as in ``torch.nn.GRUCell``. Call ``cell(x, h, t, mask)``; returns ``h``.
+    """
+
+    GATES = 3
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor, t: int = 0, mask: torch.Tensor | None = None) -> torch.Tensor:
+        self._check(x, t)
+        hs = self.hidden_size
+        gi = self._normed(self.norm_ih, x @ self.weight_ih.T, t, mask) + self.bias_ih
+        gh = h @ self.weight_hh.T
+        rz_h = self._normed(self.norm_hh, gh[:, : 2 * hs], t, mask)
+        r = torch.sigmoid(gi[:, :hs] + rz_h[:, :hs] + self.bias_hh[:hs])
+        z = torch.sigmoid(gi[:, hs : 2 * hs] + rz_h[:, hs:] + self.bias_hh[hs : 2 * hs])
+        n = torch.tanh(gi[:, 2 * hs :] + r * (gh[:, 2 * hs :] + self.bias_hh[2 * hs :]))
+        return (1 - z) * n + z * h
+
+
+class SequenceClassifier(nn.Module):
+    """Run a cell over a padded batch and classify each sequence from its final state.
+
+    ``x (B, T, F)`` with ``lengths (B,)``: at step t only sequences with ``t < length`` are
+    real; the others keep their state, and BatchNorm leaves them out of its statistics. So a
+    sequence's logits do not depend on how much padding follows it. Returns ``(B, n_classes)``.
+    """
+
+    def __init__(self, cell: LSTMCell | GRUCell, n_classes: int) -> None:
+        super().__init__()
+        if not isinstance(cell, (LSTMCell, GRUCell)):
+            raise TypeError(f"cell must be an lnbook.rnn.LSTMCell or GRUCell, got {type(cell).__name__}")
+        self.cell = cell
+        self.head = nn.Linear(cell.hidden_size, _check_positive_int(n_classes, "n_classes"))
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        if x.ndim != 3:
+            raise ValueError(f"x must have shape (B, T, F), got {tuple(x.shape)}")
+        b, steps, _ = x.shape
+        if lengths is None:
+            lengths = torch.full((b,), steps, dtype=torch.long)
+        if lengths.shape != (b,) or int(lengths.min()) < 1 or int(lengths.max()) > steps:
+            raise ValueError(f"lengths must be (B,) = ({b},) with values in 1..{steps}")
+        lengths = lengths.to(x.device)
+        h = x.new_zeros(b, self.cell.hidden_size)
+        state = (h, h.clone()) if isinstance(self.cell, LSTMCell) else h
+        for t in range(int(lengths.max())):
+            real = t < lengths
+            new = self.cell(x[:, t], state, t, None if bool(real.all()) else real)
+            keep = real[:, None]
+            if isinstance(self.cell, LSTMCell):
+                state = (torch.where(keep, new[0], state[0]), torch.where(keep, new[1], state[1]))
+            else:
+                state = torch.where(keep, new, state)
+        return self.head(state[0] if isinstance(self.cell, LSTMCell) else state)
