@@ -23,19 +23,12 @@ def run(cell, x):
     return torch.stack(outs, dim=1)
 
 
-def test_plain_lstm_cell_reproduces_torch_lstm():
-    ref = torch.nn.LSTM(5, 7, batch_first=True)
-    cell = LSTMCell(5, 7)
+@pytest.mark.parametrize("cell_type, torch_type", [(LSTMCell, torch.nn.LSTM), (GRUCell, torch.nn.GRU)])
+def test_plain_cells_reproduce_torch(cell_type, torch_type):
+    ref = torch_type(5, 7, batch_first=True)
+    cell = cell_type(5, 7)
     copy_from(cell, ref)
     x = torch.randn(3, 9, 5)
-    torch.testing.assert_close(run(cell, x), ref(x)[0], atol=1e-6, rtol=0)
-
-
-def test_plain_gru_cell_reproduces_torch_gru():
-    ref = torch.nn.GRU(4, 6, batch_first=True)
-    cell = GRUCell(4, 6)
-    copy_from(cell, ref)
-    x = torch.randn(2, 11, 4)
     torch.testing.assert_close(run(cell, x), ref(x)[0], atol=1e-6, rtol=0)
 
 
