@@ -128,3 +128,17 @@ def test_seed_and_show_source():
         seed_everything(-1)
     with pytest.raises(TypeError, match="show_source needs a Python function"):
         show_source(len)
+
+
+@pytest.mark.parametrize("value", [0, -3, 2.0, True, "4", None])
+def test_positive_int_check_is_shared(value):
+    from lnbook._checks import check_positive_int
+    from lnbook.data import adding_problem
+    from lnbook.norms import TimeStepBatchNorm
+
+    with pytest.raises(ValueError, match="steps must be a positive int"):
+        check_positive_int(value, "steps")
+    with pytest.raises(ValueError, match="max_steps must be a positive int"):
+        TimeStepBatchNorm(3, value)
+    with pytest.raises(ValueError, match="n must be a positive int"):
+        adding_problem(value, 4)

@@ -22,6 +22,13 @@ def check_eps(eps: object) -> float:
     return float(eps)
 
 
+def check_positive_int(value: object, name: str) -> int:
+    """Return ``value`` if it is an int >= 1 (not a bool), else raise ``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
+
+
 def check_normalized_shape(normalized_shape: int | Sequence[int]) -> Shape:
     """Return ``normalized_shape`` as a tuple of positive ints, or raise."""
     shape = (normalized_shape,) if isinstance(normalized_shape, numbers.Integral) else normalized_shape

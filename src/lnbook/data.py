@@ -11,6 +11,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from ._checks import check_positive_int
+
 Dataset = tuple[torch.Tensor, ...]
 
 SPLIT_SEED = 0  # the train/test split is the same for every experiment in the book
@@ -114,8 +116,7 @@ def adding_problem(n: int, length: int, seed: int = 0) -> tuple[torch.Tensor, to
 
     Returns ``x`` of shape ``(n, length, 2)`` and ``y`` of shape ``(n,)``, float32.
     """
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
+    check_positive_int(n, "n")
     if not isinstance(length, int) or length < 2:
         raise ValueError(f"length must be an int >= 2 (one marker in each half), got {length!r}")
     g = torch.Generator().manual_seed(seed)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ._checks import check_eps, check_mask_shape, check_normalized_shape
+from ._checks import check_eps, check_mask_shape, check_normalized_shape, check_positive_int
 from .functional import check_float_tensor, layer_norm
 
 
@@ -211,8 +211,7 @@ class TimeStepBatchNorm(_BatchNormBase):
     """
 
     def __init__(self, num_features: int, max_steps: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True) -> None:
-        if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
-            raise ValueError(f"max_steps must be a positive int, got {max_steps!r}")
+        check_positive_int(max_steps, "max_steps")
         super().__init__(num_features, eps, momentum, affine, (max_steps,))
         self.max_steps = max_steps
 

@@ -17,15 +17,10 @@ import math
 import torch
 from torch import nn
 
+from ._checks import check_positive_int
 from .norms import LayerNorm, TimeStepBatchNorm
 
 NORMS = ("none", "layer", "batch")
-
-
-def _check_positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 class _NormedCell(nn.Module):
@@ -46,8 +41,8 @@ class _NormedCell(nn.Module):
         bn_gain: float = 0.1,
     ) -> None:
         super().__init__()
-        self.input_size = _check_positive_int(input_size, "input_size")
-        self.hidden_size = _check_positive_int(hidden_size, "hidden_size")
+        self.input_size = check_positive_int(input_size, "input_size")
+        self.hidden_size = check_positive_int(hidden_size, "hidden_size")
         if norm not in NORMS:
             raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
         if norm == "batch" and max_steps is None:
@@ -154,7 +149,7 @@ class SequenceClassifier(nn.Module):
         if not isinstance(cell, (LSTMCell, GRUCell)):
             raise TypeError(f"cell must be an lnbook.rnn.LSTMCell or GRUCell, got {type(cell).__name__}")
         self.cell = cell
-        self.head = nn.Linear(cell.hidden_size, _check_positive_int(n_classes, "n_classes"))
+        self.head = nn.Linear(cell.hidden_size, check_positive_int(n_classes, "n_classes"))
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
         if x.ndim != 3:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ._checks import check_positive_int
 from .data import Dataset
 
 OPTIMIZERS = ("adam", "sgd")
@@ -87,11 +88,10 @@ def fit(
             evaluated as the last): a budget in updates that is the same for every batch size.
     """
     train, test = _check_dataset(train, "train"), _check_dataset(test, "test")
-    for name, value in (("epochs", epochs), ("batch_size", batch_size), ("max_steps", max_steps)):
-        if name == "max_steps" and value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    check_positive_int(epochs, "epochs")
+    check_positive_int(batch_size, "batch_size")
+    if max_steps is not None:
+        check_positive_int(max_steps, "max_steps")
     if not (isinstance(lr, (int, float)) and lr > 0):
         raise ValueError(f"lr must be a positive number, got {lr!r}")
     if optimizer not in OPTIMIZERS:
