@@ -20,6 +20,17 @@ def _check_choice(value: str, choices: tuple[str, ...], name: str) -> str:
     return value
 
 
+def _norm_layer(kind: str, size: int, max_steps: int | None = None) -> nn.Module:
+    """The module a norm name stands for (see the module docstring), over ``size`` features."""
+    if kind == "layer":
+        return LayerNorm(size)
+    if kind in ("batch", "batch_unmasked"):
+        return MaskedBatchNorm1d(size)
+    if kind == "batch_per_step":
+        return TimeStepBatchNorm(size, max_steps)
+    return nn.Identity()
+
+
 class MLP(nn.Module):
     """Flatten, then ``[Linear -> norm -> ReLU] * len(hidden) -> Linear``.
 
@@ -36,10 +47,8 @@ class MLP(nn.Module):
         width = in_features
         for h in hidden:
             layers.append(nn.Linear(width, h))
-            if norm == "batch":
-                layers.append(MaskedBatchNorm1d(h))
-            elif norm == "layer":
-                layers.append(LayerNorm(h))
+            if norm != "none":
+                layers.append(_norm_layer(norm, h))
             layers.append(nn.ReLU())
             width = h
         layers.append(nn.Linear(width, n_classes))
@@ -65,12 +74,7 @@ class GRUClassifier(nn.Module):
         super().__init__()
         self.norm_kind = _check_choice(norm, self.NORMS, "norm")
         self.embed = nn.Linear(input_size, hidden_size)
-        self.norm = {
-            "none": nn.Identity(),
-            "batch_unmasked": MaskedBatchNorm1d(hidden_size),
-            "batch": MaskedBatchNorm1d(hidden_size),
-            "layer": LayerNorm(hidden_size),
-        }[norm]
+        self.norm = _norm_layer(norm, hidden_size)
         self.rnn = nn.GRU(hidden_size, hidden_size, batch_first=True)
         self.head = nn.Linear(hidden_size, n_classes)
 
@@ -108,12 +112,7 @@ class NormRNNCell(nn.Module):
         self.wx = nn.Linear(input_size, hidden_size)
         self.wh = nn.Linear(hidden_size, hidden_size, bias=False)
         nn.init.orthogonal_(self.wh.weight)
-        self.norm = {
-            "none": nn.Identity(),
-            "layer": LayerNorm(hidden_size),
-            "batch": MaskedBatchNorm1d(hidden_size),
-            "batch_per_step": TimeStepBatchNorm(hidden_size, max_steps) if max_steps else None,
-        }[norm]
+        self.norm = _norm_layer(norm, hidden_size, max_steps)
 
     def forward(self, x: torch.Tensor, h: torch.Tensor, t: int) -> torch.Tensor:
         a = self.wx(x) + self.wh(h)
