@@ -157,3 +157,22 @@ def test_time_step_tail_with_one_real_sequence_uses_running_statistics():
     torch.testing.assert_close(y[0], expected)
     assert (y[1:] == 0).all()
     torch.testing.assert_close(bn.running_mean[2], torch.tensor([1.0, -1.0], dtype=torch.float64))
+
+
+def test_unpadded_steps_take_the_fused_path_with_the_same_results():
+    """Steps without padding use torch's fused batch_norm; it must agree with the masked
+    path (an all-True mask), and mixing both paths in one sequence must still backpropagate
+    (the fused kernel must not save views of the running buffers that later steps update)."""
+    torch.manual_seed(0)
+    x = (torch.randn(5, 4, 6) * 2 + 1).requires_grad_()
+    some = torch.tensor([True, True, True, False, False])
+    fused, masked = TimeStepBatchNorm(6, 4), TimeStepBatchNorm(6, 4)
+    outs = []
+    for bn, first_mask in ((fused, None), (masked, torch.ones(5, dtype=torch.bool))):
+        outs.append(torch.stack([bn(x[:, t], t, first_mask if t < 2 else some) for t in range(4)], 1))
+    grads = [torch.autograd.grad((y**2).sum(), x)[0] for y in outs]
+    torch.testing.assert_close(outs[0], outs[1])
+    torch.testing.assert_close(grads[0], grads[1])
+    torch.testing.assert_close(fused.running_mean, masked.running_mean)
+    torch.testing.assert_close(fused.running_var, masked.running_var)
+    assert fused.num_batches_tracked == masked.num_batches_tracked == 1

@@ -237,6 +237,15 @@ class TimeStepBatchNorm(_BatchNormBase):
             return self._affine(x, real, self.running_mean[s], self.running_var[s])
         if t >= self.max_steps:
             raise ValueError(f"t = {t} is beyond max_steps = {self.max_steps}; training needs statistics for every step")
+        if real is None and x.shape[0] > 1:  # no padding: torch's fused kernel, which also
+            if t == 0:  # updates step t's running statistics (unbiased variance, as ours)
+                self.num_batches_tracked += 1
+            # .data: the same memory under a separate version counter. The kernel saves its
+            # running-statistics arguments for backward (unused in training mode), and later
+            # steps update other rows of the buffers in place, which must not invalidate them.
+            return nn.functional.batch_norm(
+                x, self.running_mean.data[t], self.running_var.data[t], self.weight, self.bias, True, self.momentum, self.eps
+            )
         if real is not None and int(real.sum()) < 2:
             return self._affine(x, real, self.running_mean[t], self.running_var[t])
         mean, var, n = _masked_moments(x, real)

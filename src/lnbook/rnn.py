@@ -1,6 +1,7 @@
 """LSTM and GRU cells with no, batch or layer normalization, and a padded-sequence runner.
 
-Layer normalization goes where Ba et al. (2016) put it: separately on the input-to-hidden
+Layer normalization (torch's fused ``nn.LayerNorm``; ``lnbook.norms.replace_layer_norms``
+swaps in the book's own) goes where Ba et al. (2016) put it: separately on the input-to-hidden
 term ``W_x x`` and the hidden-to-hidden term ``W_h h`` (over all gates together), and, in
 the LSTM, on the cell state before the output ``tanh``. Batch normalization goes in the same
 places with one set of statistics per time step and gains initialized to 0.1, as Cooijmans
@@ -18,7 +19,7 @@ import torch
 from torch import nn
 
 from ._checks import check_positive_int
-from .norms import LayerNorm, TimeStepBatchNorm
+from .norms import TimeStepBatchNorm
 
 NORMS = ("none", "layer", "batch")
 
@@ -61,7 +62,7 @@ class _NormedCell(nn.Module):
             if norm == "none" or not on:
                 return None
             if norm == "layer":
-                return LayerNorm(size)
+                return nn.LayerNorm(size)  # torch's fused kernel: one launch per call
             bn = TimeStepBatchNorm(size, max_steps)
             nn.init.constant_(bn.weight, bn_gain)
             nn.init.zeros_(bn.bias)  # the cell's own biases do the shifting
@@ -162,9 +163,13 @@ class SequenceClassifier(nn.Module):
         lengths = lengths.to(x.device)
         h = x.new_zeros(b, self.cell.hidden_size)
         state = (h, h.clone()) if isinstance(self.cell, LSTMCell) else h
+        shortest = int(lengths.min())
         for t in range(int(lengths.max())):
+            if t < shortest:  # every sequence is still real: nothing to mask
+                state = self.cell(x[:, t], state, t)
+                continue
             real = t < lengths
-            new = self.cell(x[:, t], state, t, None if bool(real.all()) else real)
+            new = self.cell(x[:, t], state, t, real)
             keep = real[:, None]
             if isinstance(self.cell, LSTMCell):
                 state = (torch.where(keep, new[0], state[0]), torch.where(keep, new[1], state[1]))
