@@ -27,6 +27,14 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def spread(values: Sequence[float], digits: int = 3) -> str:
+    """Per-seed results as ``"mean [min, max]"``, each rounded to ``digits`` decimals."""
+    v = np.asarray(values, dtype=float)
+    if v.ndim != 1 or len(v) == 0:
+        raise ValueError(f"values must be a non-empty 1-D sequence of numbers, got shape {v.shape}")
+    return f"{v.mean():.{digits}f} [{v.min():.{digits}f}, {v.max():.{digits}f}]"
+
+
 class Table:
     """Rows of results that a notebook renders as a Markdown table and a terminal (or nbval,
     which compares text) sees as aligned plain text."""
