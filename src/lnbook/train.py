@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import time
+from collections.abc import Sequence
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -129,3 +132,47 @@ def fit(
         if len(history.step_loss) == max_steps:
             break
     return history
+
+
+
+
+def fit_job(job: dict) -> tuple[nn.Module, History]:
+    """``fit(**job)``, returning the trained model with its history: one unit of work for
+    :func:`fit_many` (a module-level function, so a worker process can unpickle it)."""
+    job = dict(job)
+    model = job.pop("model")
+    return model, fit(model, **job)
+
+
+def cpu_workers(processes: int = 2) -> Executor:
+    """A pool of ``processes`` fresh Python processes with one CPU thread each, for :func:`fit_many`.
+
+    Small recurrent models are bound by the overhead of each tensor operation, not by
+    arithmetic, so a second thread does not help one model; a second model on the second
+    core does. Starting a worker costs an ``import torch`` (seconds), so make one pool and
+    reuse it; it closes with ``shutdown()`` or when Python exits.
+    """
+    check_positive_int(processes, "processes")
+    context = multiprocessing.get_context("spawn")  # fork is unsafe once torch has started threads
+    return ProcessPoolExecutor(processes, mp_context=context, initializer=torch.set_num_threads, initargs=(1,))
+
+
+def fit_many(jobs: Sequence[dict], workers: Executor | None = None) -> list[Future]:
+    """Start independent :func:`fit` calls; return one future per job, in order.
+
+    Each job is a dict of :func:`fit`'s keyword arguments, including ``model``, ``train`` and
+    ``test``; a future's ``result()`` is ``(trained model, History)``. With an executor
+    (:func:`cpu_workers`) the jobs queue on it and this returns at once; the trained models
+    come back as copies. Without one, the jobs run here before this returns. On a CPU with
+    one thread per process, a job's result does not depend on where it ran.
+    """
+    for i, job in enumerate(jobs):
+        if not isinstance(job, dict) or not isinstance(job.get("model"), nn.Module):
+            raise TypeError(f"jobs[{i}] must be a dict of fit's keyword arguments with an nn.Module under 'model'")
+    if workers is not None:
+        return [workers.submit(fit_job, job) for job in jobs]
+    futures = []
+    for job in jobs:
+        futures.append(Future())
+        futures[-1].set_result(fit_job(job))
+    return futures

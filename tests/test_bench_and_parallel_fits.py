@@ -1,0 +1,79 @@
+"""lnbook.bench (operator counts, interleaved timing) and train.fit_many (runs side by side)."""
+
+import copy
+
+import pytest
+import torch
+
+from lnbook import bench, data, rnn, train, utils
+
+
+def test_count_ops_counts_forward_and_backward_operators():
+    x = torch.randn(4, 3, requires_grad=True)
+    forward = bench.count_ops(lambda: torch.tanh(x @ x.T))
+    both = bench.count_ops(lambda: torch.tanh(x @ x.T).sum().backward())
+    assert forward >= 2  # at least the product and the tanh
+    assert both > forward + 2  # the backward adds the tanh's and the product's gradients
+    assert bench.count_ops(lambda: None) == 0
+
+
+def test_median_times_interleaves_and_takes_the_median():
+    calls = []
+    fns = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
+    times = bench.median_times(fns, repeat=3, warmup=1)
+    assert calls == ["a", "b"] * 4  # one of each per round: warm-up, then 3 timed rounds
+    assert set(times) == {"a", "b"} and all(t >= 0 for t in times.values())
+    with pytest.raises(ValueError, match="repeat must be a positive int"):
+        bench.median_times(fns, repeat=0)
+    with pytest.raises(ValueError, match="warmup must be a non-negative int"):
+        bench.median_times(fns, warmup=-1)
+
+
+def test_spread_formats_mean_min_max():
+    assert utils.spread([0.5, 0.25, 0.75]) == "0.500 [0.250, 0.750]"
+    assert utils.spread([30, 29, 31], digits=0) == "30 [29, 31]"
+    with pytest.raises(ValueError, match="non-empty 1-D"):
+        utils.spread([])
+
+
+def jobs(n_seeds=2):
+    (x, y), (xt, yt) = data.digits_sequences("row")
+    out = []
+    for seed in range(n_seeds):
+        utils.seed_everything(seed)
+        model = rnn.SequenceClassifier(rnn.LSTMCell(8, 8, "layer"), 10)
+        out.append(dict(model=model, train=(x[:128], y[:128]), test=(xt[:64], yt[:64]), epochs=1, lr=1e-2,
+                        batch_size=32, seed=seed))
+    return out
+
+
+def test_fit_many_in_workers_equals_running_here():
+    here_jobs, worker_jobs = jobs(), jobs()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in the workers: a different thread count may round differently
+    try:
+        here = [f.result() for f in train.fit_many(here_jobs)]
+    finally:
+        torch.set_num_threads(threads)
+    workers = train.cpu_workers(2)
+    try:
+        there = [f.result() for f in train.fit_many(worker_jobs, workers)]
+    finally:
+        workers.shutdown()
+    for (m1, h1), (m2, h2), job in zip(here, there, worker_jobs):
+        assert h1.step_loss == h2.step_loss and h1.test_acc == h2.test_acc
+        for p, q in zip(m1.state_dict().values(), m2.state_dict().values()):
+            assert torch.equal(p, q)
+        assert m2 is not job["model"]  # a worker's model comes back as a trained copy
+    assert here[0][0] is here_jobs[0]["model"]  # here, the given model itself is trained
+    assert here[0][1].step_loss != here[1][1].step_loss  # the seeds differ
+
+
+def test_fit_many_and_cpu_workers_reject_bad_input():
+    with pytest.raises(TypeError, match=r"jobs\[1\] must be a dict"):
+        train.fit_many([jobs(1)[0], {"lr": 1.0}])
+    with pytest.raises(ValueError, match="processes must be a positive int"):
+        train.cpu_workers(0)
+    job = copy.copy(jobs(1)[0]) | {"epochs": 0}
+    with pytest.raises(ValueError, match="epochs must be a positive int"):
+        train.fit_many([job])
