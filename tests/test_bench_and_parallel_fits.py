@@ -15,6 +15,8 @@ def test_count_ops_counts_forward_and_backward_operators():
     assert forward >= 2  # at least the product and the tanh
     assert both > forward + 2  # the backward adds the tanh's and the product's gradients
     assert bench.count_ops(lambda: None) == 0
+    assert bench.count_ops(lambda: x.view(2, 6)[:, :5].T.detach()) == 0  # views compute nothing
+    assert bench.count_ops(lambda: x.T.contiguous()) == 1  # a copy does
 
 
 def test_median_times_interleaves_and_takes_the_median():

@@ -17,16 +17,17 @@ class _OpCounter(TorchDispatchMode):
         self.count = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
+        self.count += not func.is_view
         return func(*args, **(kwargs or {}))
 
 
 def count_ops(fn: Callable[[], object]) -> int:
-    """How many ATen operators ``fn()`` runs, forward and backward.
+    """How many ATen operators that compute ``fn()`` runs, forward and backward.
 
     Counted below autograd, so the operators of a ``.backward()`` inside ``fn`` count too.
-    On a GPU each is (at least) one kernel launch; on a CPU each pays a fixed dispatch cost
-    of microseconds, which dominates when tensors are small.
+    Views (``view``, ``t``, ``detach``, ...) only relabel memory and are not counted. On a
+    GPU each counted operator is about one kernel launch; on a CPU each pays a fixed
+    dispatch cost of microseconds, which dominates when tensors are small.
     """
     with _OpCounter() as counter:
         fn()

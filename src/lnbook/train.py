@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import signal
 import time
 from collections.abc import Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
@@ -154,7 +155,12 @@ def cpu_workers(processes: int = 2) -> Executor:
     """
     check_positive_int(processes, "processes")
     context = multiprocessing.get_context("spawn")  # fork is unsafe once torch has started threads
-    return ProcessPoolExecutor(processes, mp_context=context, initializer=torch.set_num_threads, initargs=(1,))
+    return ProcessPoolExecutor(processes, mp_context=context, initializer=_init_worker)
+
+
+def _init_worker() -> None:
+    torch.set_num_threads(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is the notebook's to handle, not each worker's
 
 
 def fit_many(jobs: Sequence[dict], workers: Executor | None = None) -> list[Future]:
