@@ -81,3 +81,21 @@ def test_table_is_text_for_nbval_and_markdown_for_the_book():
     assert t._repr_markdown_().splitlines()[2:] == ["| BatchNorm | 0.5 |", "| LayerNorm \\| x | 0.9 |"]
     with pytest.raises(ValueError, match=r"rows\[0\] has 1 cells, the header has 2"):
         Table(["a", "b"], [["x"]])
+
+
+def test_residual_block_diagram_puts_the_norm_where_the_name_says():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    heights = {}
+    for position in ("post", "pre"):
+        fig, ax = plt.subplots()
+        plotting.residual_block_diagram(ax, position)
+        labels = {t.get_text(): t.get_position()[1] for t in ax.texts}
+        heights[position] = labels["LayerNorm"] - labels["+"]  # norm above (post) or below (pre) the sum
+        plt.close(fig)
+    assert heights["post"] > 0 > heights["pre"]
+    with pytest.raises(ValueError, match="position must be 'post' or 'pre'"):
+        plotting.residual_block_diagram(None, "middle")

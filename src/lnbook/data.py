@@ -7,6 +7,7 @@ takes: ``(x, y)`` for fixed-length data, ``(x, lengths, y)`` for padded variable
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -129,3 +130,54 @@ def adding_problem(n: int, length: int, seed: int = 0) -> tuple[torch.Tensor, to
     marker[rows, first] = 1.0
     marker[rows, second] = 1.0
     return torch.stack([values, marker], dim=-1), values[rows, first] + values[rows, second]
+
+
+@dataclass(frozen=True)
+class CharCorpus:
+    """A character-level corpus: ``train`` and ``val`` are int64 token ids ``(N,)``, and
+    ``vocab`` holds one character per id, in sorted order."""
+
+    train: torch.Tensor
+    val: torch.Tensor
+    vocab: str
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def encode(self, text: str) -> torch.Tensor:
+        """Token ids ``(len(text),)`` of a string; every character must be in the vocabulary."""
+        index = {c: i for i, c in enumerate(self.vocab)}
+        unknown = sorted(set(text) - index.keys())
+        if unknown:
+            raise ValueError(f"text has characters outside the vocabulary: {''.join(unknown)!r}")
+        return torch.tensor([index[c] for c in text], dtype=torch.int64)
+
+    def decode(self, ids: torch.Tensor | Sequence[int]) -> str:
+        """The string a 1-D sequence of token ids stands for."""
+        ids = torch.as_tensor(ids)
+        if ids.ndim != 1 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+            raise ValueError(f"ids must be a 1-D sequence of integers, got {ids.dtype} of shape {tuple(ids.shape)}")
+        if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
+            raise ValueError(f"ids must be in 0..{self.vocab_size - 1}, got {int(ids.min())}..{int(ids.max())}")
+        return "".join(self.vocab[i] for i in ids.tolist())
+
+
+def char_corpus(val_fraction: float = 0.1) -> CharCorpus:
+    """Python's own documentation as a character-level corpus: no download needed.
+
+    The text is the standard library's ``pydoc_data.topics`` (the help pages of the
+    language reference, about 465,000 characters in Python 3.11; it differs a little between
+    Python versions), its entries joined in sorted order. The last ``val_fraction`` of the
+    characters is the validation split, the rest the training split.
+    """
+    if isinstance(val_fraction, bool) or not isinstance(val_fraction, float) or not 0 < val_fraction < 1:
+        raise ValueError(f"val_fraction must be a float in (0, 1), got {val_fraction!r}")
+    from pydoc_data.topics import topics
+
+    text = "".join(topics[k] for k in sorted(topics))
+    vocab = "".join(sorted(set(text)))
+    index = {c: i for i, c in enumerate(vocab)}
+    ids = torch.tensor([index[c] for c in text], dtype=torch.int64)
+    cut = round(len(ids) * (1 - val_fraction))
+    return CharCorpus(ids[:cut], ids[cut:], vocab)

@@ -1,13 +1,14 @@
-"""Normalization layers as ``torch.nn.Module``s: LayerNorm, and the batch norms Part I measures."""
+"""Normalization layers as ``torch.nn.Module``s: LayerNorm, RMSNorm, DyT, and the batch norms Part I measures."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
-from ._checks import check_eps, check_mask_shape, check_normalized_shape, check_positive_int
+from ._checks import check_eps, check_mask_shape, check_normalized_shape, check_positive_int, check_trailing
 from .functional import check_float_tensor, layer_norm
 
 
@@ -56,6 +57,61 @@ class LayerNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm (Zhang & Sennrich, 2019): ``y = weight * x / sqrt(mean(x**2) + eps)``.
+
+    LayerNorm without the mean subtraction and without a bias: each position is rescaled by
+    the root mean square of its trailing ``normalized_shape`` elements. Statistics are
+    computed in float32 for float16 and bfloat16 inputs. Same parameter name (``weight``) as
+    :class:`torch.nn.RMSNorm`. Shapes: input ``(*, *normalized_shape)``, output the same.
+    """
+
+    def __init__(self, normalized_shape: int | Sequence[int], eps: float = 1e-6, elementwise_affine: bool = True) -> None:
+        super().__init__()
+        self.normalized_shape = check_normalized_shape(normalized_shape)
+        self.eps = check_eps(eps)
+        self.weight = nn.Parameter(torch.ones(self.normalized_shape)) if elementwise_affine else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_float_tensor(x, "x")
+        check_trailing(tuple(x.shape), self.normalized_shape)
+        dims = tuple(range(-len(self.normalized_shape), 0))
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        y = xf * torch.rsqrt(xf.pow(2).mean(dim=dims, keepdim=True) + self.eps)
+        if self.weight is not None:
+            y = y * self.weight
+        return y.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.weight is not None}"
+
+
+class DyT(nn.Module):
+    """Dynamic Tanh (Zhu et al., 2025): ``y = weight * tanh(alpha * x) + bias``.
+
+    A drop-in replacement for a norm that computes no statistics: one learnable scalar
+    ``alpha`` (initialized to ``alpha_init``) squashes every element, then a per-feature gain
+    and bias. Shapes: input ``(*, *normalized_shape)``, output the same.
+    """
+
+    def __init__(self, normalized_shape: int | Sequence[int], alpha_init: float = 0.5) -> None:
+        super().__init__()
+        self.normalized_shape = check_normalized_shape(normalized_shape)
+        if isinstance(alpha_init, bool) or not isinstance(alpha_init, (int, float)) or not math.isfinite(alpha_init):
+            raise ValueError(f"alpha_init must be a finite number, got {alpha_init!r}")
+        self.alpha = nn.Parameter(torch.tensor(float(alpha_init)))
+        self.weight = nn.Parameter(torch.ones(self.normalized_shape))
+        self.bias = nn.Parameter(torch.zeros(self.normalized_shape))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_float_tensor(x, "x")
+        check_trailing(tuple(x.shape), self.normalized_shape)
+        return self.weight * torch.tanh(self.alpha * x) + self.bias
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, alpha={self.alpha.item():.3g}"
 
 
 def _check_mask(mask: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:

@@ -128,3 +128,42 @@ def mean_and_spread(ax: Axes, x: ArrayLike, runs: ArrayLike, label: str, **kwarg
         raise ValueError(f"runs must have shape (n_runs, {len(x)}), got {runs.shape}")
     (line,) = ax.plot(x, runs.mean(0), label=f"{label} (mean of {len(runs)})", **kwargs)
     ax.fill_between(x, runs.min(0), runs.max(0), color=line.get_color(), alpha=0.2, lw=0)
+
+
+def residual_block_diagram(ax: Axes, position: str) -> None:
+    """Draw one Transformer sublayer with its residual path, Post-LN or Pre-LN, bottom to top.
+
+    ``position``: ``"post"`` (``x -> x + f(x) -> norm``) or ``"pre"`` (``x -> x + f(norm(x))``).
+    In Pre-LN the residual path from input to output passes through no norm.
+    """
+    if position not in ("post", "pre"):
+        raise ValueError(f"position must be 'post' or 'pre', got {position!r}")
+    ax.set(xlim=(0, 4), ylim=(0, 10.8), aspect="equal")
+    ax.axis("off")
+
+    def box(y: float, text: str, color: str, x: float = 2.0) -> None:
+        ax.add_patch(mpl.patches.FancyBboxPatch((x - 0.9, y - 0.4), 1.8, 0.8, boxstyle="round,pad=0.05", fc=color, ec="0.3"))
+        ax.text(x, y, text, ha="center", va="center", fontsize=9)
+
+    def arrow(y0: float, y1: float, x0: float = 2.0, x1: float = 2.0) -> None:
+        ax.annotate("", (x1, y1), (x0, y0), arrowprops={"arrowstyle": "->", "color": "0.3"})
+
+    norm_color, f_color = "#f3c98b", "#cfe2f3"
+    ax.text(2, 0.3, "x", ha="center", fontsize=10)
+    if position == "post":
+        box(3.5, "attention\nor MLP", f_color)
+        ax.text(2, 5.6, "+", ha="center", va="center", fontsize=14)
+        box(7.3, "LayerNorm", norm_color)
+        arrow(0.7, 3.0), arrow(4.0, 5.3), arrow(5.9, 6.8), arrow(7.8, 9.5)
+        ax.plot([2, 3.5, 3.5], [1.5, 1.5, 5.6], color="0.3", lw=1)
+        arrow(5.6, 5.6, 3.5, 2.25)
+        ax.set_title("Post-LN: norm(x + f(x))", fontsize=10)
+    else:
+        box(3.0, "LayerNorm", norm_color)
+        box(5.3, "attention\nor MLP", f_color)
+        ax.text(2, 7.4, "+", ha="center", va="center", fontsize=14)
+        arrow(0.7, 2.5), arrow(3.5, 4.8), arrow(5.8, 7.1), arrow(7.7, 9.5)
+        ax.plot([2, 3.5, 3.5], [1.5, 1.5, 7.4], color="0.3", lw=1)
+        arrow(7.4, 7.4, 3.5, 2.25)
+        ax.set_title("Pre-LN: x + f(norm(x))", fontsize=10)
+    ax.text(2, 9.7, "out", ha="center", fontsize=10)

@@ -201,6 +201,22 @@ def layernorm_variant(
     return centered / (np.sqrt(var) + eps) if eps_outside_sqrt else centered / np.sqrt(var + eps)
 
 
+def rmsnorm_forward(x: ArrayLike, gamma: ArrayLike, eps: float = 1e-6) -> np.ndarray:
+    """RMSNorm (Zhang & Sennrich, 2019) over the last axis, in float64:
+    ``y = gamma * x / sqrt(mean(x**2) + eps)``: no mean subtracted, no bias. x ``(..., H)``, gamma ``(H,)``."""
+    x, gamma, _, eps = _inputs(x, gamma, np.zeros(np.shape(gamma)), eps, np.float64)
+    return gamma * x / np.sqrt((x**2).mean(axis=-1, keepdims=True) + eps)
+
+
+def dyt_forward(x: ArrayLike, alpha: float, gamma: ArrayLike, beta: ArrayLike) -> np.ndarray:
+    """Dynamic Tanh (Zhu et al., 2025), in float64: ``y = gamma * tanh(alpha * x) + beta``.
+
+    No statistics at all: each element is squashed on its own. x ``(..., H)``, gamma and beta ``(H,)``.
+    """
+    x, gamma, beta, _ = _inputs(x, gamma, beta, 1.0, np.float64)
+    return gamma * np.tanh(float(alpha) * x) + beta
+
+
 def finite_difference_grad(f, x: np.ndarray, h: float = 1e-6) -> np.ndarray:
     """Central differences ``(f(x + h e_i) - f(x - h e_i)) / 2h`` of a scalar function f.
 

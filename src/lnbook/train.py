@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import signal
 import time
@@ -137,12 +138,112 @@ def fit(
 
 
 
-def fit_job(job: dict) -> tuple[nn.Module, History]:
-    """``fit(**job)``, returning the trained model with its history: one unit of work for
-    :func:`fit_many` (a module-level function, so a worker process can unpickle it)."""
+@dataclass
+class LMHistory:
+    """What :func:`fit_lm` measured: the training loss of every step; the validation loss
+    ``val_loss[i]`` after step ``val_steps[i]`` and the training seconds so far, ``wall_time[i]``;
+    and whether training stopped early on a non-finite loss (``diverged``)."""
+
+    step_loss: list[float] = field(default_factory=list)
+    val_steps: list[int] = field(default_factory=list)
+    val_loss: list[float] = field(default_factory=list)
+    wall_time: list[float] = field(default_factory=list)
+    diverged: bool = False
+
+
+def _windows(ids: torch.Tensor, starts: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = starts[:, None] + torch.arange(block_size + 1)
+    chunk = ids[rows]
+    return chunk[:, :-1], chunk[:, 1:]
+
+
+@torch.no_grad()
+def lm_loss(model: nn.Module, ids: torch.Tensor, block_size: int, batches: int = 4, batch_size: int = 32) -> float:
+    """Mean next-token loss of ``model`` (in eval mode) on ``batches`` fixed windows of ``ids``."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    starts = torch.randint(len(ids) - block_size, (batches, batch_size), generator=torch.Generator().manual_seed(0))
+    losses = [float(model.loss(*(t.to(device) for t in _windows(ids, s, block_size)))) for s in starts]
+    model.train(was_training)
+    return sum(losses) / len(losses)
+
+
+def fit_lm(
+    model: nn.Module,
+    train_ids: torch.Tensor,
+    val_ids: torch.Tensor,
+    *,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    block_size: int,
+    seed: int,
+    warmup: int = 0,
+    grad_clip: float | None = 1.0,
+    eval_every: int = 50,
+) -> LMHistory:
+    """Train a next-token model on random windows of a token stream, with Adam.
+
+    Args:
+        model: has ``model.loss(idx (B, T), targets (B, T)) -> scalar``, e.g. ``TinyGPT``.
+        train_ids, val_ids: 1-D int64 token streams; each step draws ``batch_size`` windows
+            of ``block_size + 1`` tokens from ``train_ids``.
+        steps, lr, seed: the usual; the learning rate rises linearly from ``lr / warmup`` to
+            ``lr`` over the first ``warmup`` steps (0: no warm-up), then stays.
+        grad_clip: clip the global gradient norm to it (None: no clipping).
+        eval_every: measure the validation loss (:func:`lm_loss`) every this many steps and
+            after the last. A non-finite training loss stops training (``diverged``).
+    """
+    for name, ids in (("train_ids", train_ids), ("val_ids", val_ids)):
+        if not isinstance(ids, torch.Tensor) or ids.ndim != 1 or ids.dtype != torch.int64:
+            raise TypeError(f"{name} must be a 1-D int64 tensor of token ids")
+    for name, value in (("steps", steps), ("batch_size", batch_size), ("block_size", block_size), ("eval_every", eval_every)):
+        check_positive_int(value, name)
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be a non-negative int, got {warmup!r}")
+    if not (isinstance(lr, (int, float)) and lr > 0):
+        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    if min(len(train_ids), len(val_ids)) <= block_size:
+        raise ValueError(f"train_ids and val_ids must be longer than block_size = {block_size}")
+    params = list(model.parameters())
+    opt = torch.optim.Adam(params, lr=lr)
+    device = params[0].device
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    history, elapsed = LMHistory(), 0.0
+    model.train()
+    for step in range(1, steps + 1):
+        start = time.perf_counter()
+        for group in opt.param_groups:
+            group["lr"] = lr * min(1.0, step / warmup) if warmup else lr
+        starts = torch.randint(len(train_ids) - block_size, (batch_size,), generator=generator)
+        idx, targets = (t.to(device) for t in _windows(train_ids, starts, block_size))
+        loss = model.loss(idx, targets)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if grad_clip is not None:
+            nn.utils.clip_grad_norm_(params, grad_clip)
+        opt.step()
+        history.step_loss.append(loss.item())
+        elapsed += time.perf_counter() - start
+        if not math.isfinite(history.step_loss[-1]):
+            history.diverged = True
+            break
+        if step % eval_every == 0 or step == steps:
+            history.val_steps.append(step)
+            history.val_loss.append(lm_loss(model, val_ids, block_size))
+            history.wall_time.append(elapsed)
+    return history
+
+
+def fit_job(job: dict) -> tuple[nn.Module, History | LMHistory]:
+    """``fit(**job)`` (or ``job["fit"](**job)``, e.g. :func:`fit_lm`), returning the trained
+    model with its history: one unit of work for :func:`fit_many` (a module-level function,
+    so a worker process can unpickle it)."""
     job = dict(job)
     model = job.pop("model")
-    return model, fit(model, **job)
+    return model, job.pop("fit", fit)(model, **job)
 
 
 def cpu_workers(processes: int = 2) -> Executor:
@@ -167,7 +268,8 @@ def fit_many(jobs: Sequence[dict], workers: Executor | None = None) -> list[Futu
     """Start independent :func:`fit` calls; return one future per job, in order.
 
     Each job is a dict of :func:`fit`'s keyword arguments, including ``model``, ``train`` and
-    ``test``; a future's ``result()`` is ``(trained model, History)``. With an executor
+    ``test`` (or, with ``"fit": fit_lm``, of :func:`fit_lm`'s); a future's ``result()`` is
+    ``(trained model, history)``. With an executor
     (:func:`cpu_workers`) the jobs queue on it and this returns at once; the trained models
     come back as copies. Without one, the jobs run here before this returns. On a CPU with
     one thread per process, a job's result does not depend on where it ran.

@@ -1,0 +1,193 @@
+"""A small GPT-style decoder whose normalization and its position are settings.
+
+``TinyGPT(GPTConfig(...))`` maps token ids ``(B, T)`` to next-token logits ``(B, T, vocab)``.
+Each block is attention then an MLP, each wrapped in a residual connection, with the norm
+either before the sublayer (Pre-LN, ``x + f(norm(x))``) or after the residual sum (Post-LN,
+``norm(x + f(x))``). An optional ``mask (B, T)`` marks the real tokens of a right-padded
+batch: padding is never attended to, so it changes no real token's output.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ._checks import check_positive_int
+from .norms import DyT, MaskedBatchNorm1d, RMSNorm
+
+NORMS = ("layernorm", "rmsnorm", "dyt", "none", "batchnorm")
+POSITIONS = ("pre", "post")
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Sizes and the normalization of a :class:`TinyGPT`.
+
+    ``norm``: ``"layernorm"`` (torch's fused LayerNorm), ``"rmsnorm"``, ``"dyt"`` (Dynamic
+    Tanh), ``"none"``, or ``"batchnorm"`` (statistics over the real tokens of the whole batch,
+    to show why Transformers do not use it). ``norm_position``: ``"pre"`` or ``"post"``.
+    ``final_norm``: one more norm after the last block (GPT-2's ``ln_f``).
+    """
+
+    vocab_size: int
+    block_size: int
+    n_layer: int = 4
+    n_head: int = 4
+    d_model: int = 128
+    dropout: float = 0.0
+    norm: str = "layernorm"
+    norm_position: str = "pre"
+    final_norm: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "d_model"):
+            check_positive_int(getattr(self, name), name)
+        if self.d_model % self.n_head:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must be a number in [0, 1), got {self.dropout!r}")
+        if self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
+        if self.norm_position not in POSITIONS:
+            raise ValueError(f"norm_position must be one of {POSITIONS}, got {self.norm_position!r}")
+        if not isinstance(self.final_norm, bool):
+            raise TypeError(f"final_norm must be a bool, got {type(self.final_norm).__name__}")
+
+
+class Norm(nn.Module):
+    """The norm a config names, over ``d_model`` features, called as ``norm(x, mask)``."""
+
+    def __init__(self, kind: str, d_model: int) -> None:
+        super().__init__()
+        self.kind = kind
+        self.norm = {
+            "layernorm": lambda: nn.LayerNorm(d_model),
+            "rmsnorm": lambda: RMSNorm(d_model),
+            "dyt": lambda: DyT(d_model),
+            "none": nn.Identity,
+            "batchnorm": lambda: MaskedBatchNorm1d(d_model),
+        }[kind]()
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        return self.norm(x, mask) if self.kind == "batchnorm" else self.norm(x)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head attention in which each token sees itself, the tokens before it, and no padding."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.dropout = cfg.dropout
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = (z.view(b, t, self.n_head, d // self.n_head).transpose(1, 2) for z in self.qkv(x).split(d, dim=2))
+        if mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        else:  # causal and key padding: (B, 1, T, T), True where attention is allowed
+            causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+            allowed = causal & mask[:, None, None, :]
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=self.dropout if self.training else 0.0)
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class Block(nn.Module):
+    """One Transformer block: attention and an MLP, each with a residual and a norm."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.pre = cfg.norm_position == "pre"
+        self.norm1, self.norm2 = Norm(cfg.norm, cfg.d_model), Norm(cfg.norm, cfg.d_model)
+        self.attn = CausalSelfAttention(cfg)
+        self.mlp = nn.Sequential(
+            nn.Linear(cfg.d_model, 4 * cfg.d_model), nn.GELU(), nn.Linear(4 * cfg.d_model, cfg.d_model), nn.Dropout(cfg.dropout)
+        )
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        if self.pre:
+            x = x + self.attn(self.norm1(x, mask), mask)
+            x = x + self.mlp(self.norm2(x, mask))
+        else:
+            x = self.norm1(x + self.attn(x, mask), mask)
+            x = self.norm2(x + self.mlp(x), mask)
+        return x
+
+
+class TinyGPT(nn.Module):
+    """A GPT-style decoder: token and position embeddings, ``n_layer`` blocks, an optional
+    final norm, and a linear head that shares the token embedding's weights.
+
+    ``forward(idx (B, T), mask (B, T) or None) -> logits (B, T, vocab_size)``, with
+    ``T <= block_size``; ``mask`` is True on the real tokens of a right-padded batch.
+    """
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        if not isinstance(cfg, GPTConfig):
+            raise TypeError(f"cfg must be a GPTConfig, got {type(cfg).__name__}")
+        self.cfg = cfg
+        self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos = nn.Embedding(cfg.block_size, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.norm_f = Norm(cfg.norm if cfg.final_norm else "none", cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.head.weight = self.tok.weight  # weight tying, as GPT-2
+        for name, p in self.named_parameters():
+            if p.ndim == 2:  # small normal weights; residual projections scaled by depth (GPT-2)
+                std = 0.02 / math.sqrt(2 * cfg.n_layer) if name.endswith(("proj.weight", "mlp.2.weight")) else 0.02
+                nn.init.normal_(p, 0.0, std)
+            elif name.endswith("bias") and (".attn." in name or ".mlp." in name):
+                nn.init.zeros_(p)
+
+    def forward(self, idx: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        if not isinstance(idx, torch.Tensor) or idx.ndim != 2 or idx.dtype != torch.int64:
+            raise ValueError(f"idx must be an int64 tensor of shape (B, T), got {getattr(idx, 'dtype', type(idx))}")
+        b, t = idx.shape
+        if not 1 <= t <= self.cfg.block_size:
+            raise ValueError(f"sequence length must be in 1..block_size={self.cfg.block_size}, got {t}")
+        if mask is not None and (mask.shape != idx.shape or mask.dtype != torch.bool):
+            raise ValueError(f"mask must be a bool tensor of idx's shape {tuple(idx.shape)}, got {mask.dtype} {tuple(mask.shape)}")
+        x = self.drop(self.tok(idx) + self.pos(torch.arange(t, device=idx.device)))
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.head(self.norm_f(x, mask))
+
+    def loss(self, idx: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Mean next-token cross-entropy over the real positions; ``targets (B, T)``."""
+        logits = self(idx, mask)
+        if mask is not None:
+            targets = targets.masked_fill(~mask, -100)  # cross_entropy ignores -100
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, new_tokens: int, temperature: float = 1.0, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Extend ``idx (B, T)`` by ``new_tokens`` sampled tokens; returns ``(B, T + new_tokens)``."""
+        check_positive_int(new_tokens, "new_tokens")
+        if not (isinstance(temperature, (int, float)) and temperature > 0):
+            raise ValueError(f"temperature must be a positive number, got {temperature!r}")
+        was_training = self.training
+        self.eval()
+        for _ in range(new_tokens):
+            logits = self(idx[:, -self.cfg.block_size :])[:, -1] / temperature
+            idx = torch.cat([idx, torch.multinomial(logits.softmax(-1), 1, generator=generator)], dim=1)
+        self.train(was_training)
+        return idx
+
+
+def block_grad_norms(model: TinyGPT, idx: torch.Tensor, targets: torch.Tensor) -> list[float]:
+    """The gradient norm of each block's weight matrices (attention and MLP together), from
+    first block to last, for one batch's loss. The model's gradients are left set."""
+    model.zero_grad(set_to_none=True)
+    model.loss(idx, targets).backward()
+    return [
+        math.sqrt(sum(float(p.grad.pow(2).sum()) for name, p in block.named_parameters() if p.ndim == 2))
+        for block in model.blocks
+    ]

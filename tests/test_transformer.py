@@ -1,0 +1,208 @@
+"""RMSNorm, DyT, the character corpus, TinyGPT and the language-model training loop."""
+
+import numpy as np
+import pytest
+import torch
+
+from lnbook import data, reference, train
+from lnbook.norms import DyT, RMSNorm
+from lnbook.transformer import Block, GPTConfig, TinyGPT, block_grad_norms
+
+VOCAB = 11
+
+
+def config(**kw):
+    return GPTConfig(**{"vocab_size": VOCAB, "block_size": 16, "n_layer": 2, "n_head": 2, "d_model": 16} | kw)
+
+
+def model(**kw):
+    torch.manual_seed(0)
+    return TinyGPT(config(**kw)).double()
+
+
+# ---------------------------------------------------------------- RMSNorm and DyT
+def test_rmsnorm_matches_the_float64_reference_and_torch():
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 8, dtype=torch.float64) * 3 + 1
+    norm = RMSNorm(8).double()
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    expected = reference.rmsnorm_forward(x.numpy(), norm.weight.detach().numpy(), 1e-6)
+    np.testing.assert_allclose(norm(x).detach().numpy(), expected, rtol=1e-12, atol=1e-12)
+    theirs = torch.nn.RMSNorm(8, eps=1e-6).double()
+    theirs.load_state_dict(norm.state_dict())
+    torch.testing.assert_close(norm(x), theirs(x), rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(norm, (x.clone().requires_grad_(),))
+    norm(x).pow(2).sum().backward()
+    theirs(x).pow(2).sum().backward()
+    torch.testing.assert_close(norm.weight.grad, theirs.weight.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_rmsnorm_statistics_in_float32_for_half_inputs():
+    x = torch.randn(4, 64) * 300
+    y = RMSNorm(64)(x.half())
+    assert y.dtype == torch.float16 and torch.isfinite(y).all()  # x**2 overflows float16 itself
+    torch.testing.assert_close(y.float(), RMSNorm(64)(x), rtol=1e-2, atol=1e-2)
+
+
+def test_dyt_matches_the_float64_reference_and_has_gradients():
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 6, dtype=torch.float64) * 2
+    dyt = DyT(6, alpha_init=0.7).double()
+    with torch.no_grad():
+        dyt.weight.uniform_(0.5, 1.5)
+        dyt.bias.uniform_(-0.5, 0.5)
+    expected = reference.dyt_forward(x.numpy(), dyt.alpha.item(), dyt.weight.detach().numpy(), dyt.bias.detach().numpy())
+    np.testing.assert_allclose(dyt(x).detach().numpy(), expected, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(dyt, (x.clone().requires_grad_(),))
+    dyt(x).sum().backward()
+    assert dyt.alpha.grad is not None and dyt.alpha.grad.abs() > 0
+
+
+@pytest.mark.parametrize(
+    "make, error, match",
+    [
+        (lambda: RMSNorm(0), ValueError, "positive sizes"),
+        (lambda: RMSNorm(4, eps=0), ValueError, "eps must be a positive"),
+        (lambda: RMSNorm(4)(torch.randn(2, 5)), ValueError, "trailing dimensions"),
+        (lambda: RMSNorm(4)(torch.ones(2, 4, dtype=torch.long)), TypeError, "floating-point"),
+        (lambda: DyT(4, alpha_init=float("nan")), ValueError, "alpha_init must be a finite number"),
+        (lambda: DyT(4)(torch.randn(2, 5)), ValueError, "trailing dimensions"),
+    ],
+)
+def test_norms_reject_bad_input(make, error, match):
+    with pytest.raises(error, match=match):
+        make()
+
+
+# ---------------------------------------------------------------- corpus
+def test_char_corpus_splits_and_round_trips():
+    c = data.char_corpus()
+    assert len(c.train) > 400_000 and len(c.val) > 40_000
+    assert abs(len(c.val) / (len(c.train) + len(c.val)) - 0.1) < 1e-4
+    assert c.vocab == "".join(sorted(set(c.vocab))) and c.vocab_size == len(c.vocab)
+    assert int(c.train.max()) < c.vocab_size and c.train.dtype == torch.int64
+    assert c.decode(c.encode("def f(x):\n    return x")) == "def f(x):\n    return x"
+    assert torch.equal(data.char_corpus().val, c.val)  # deterministic
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        c.encode("λ")
+    with pytest.raises(ValueError, match="ids must be in"):
+        c.decode([0, c.vocab_size])
+    with pytest.raises(ValueError, match="val_fraction"):
+        data.char_corpus(1.5)
+
+
+# ---------------------------------------------------------------- TinyGPT
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm", "dyt", "none"])
+@pytest.mark.parametrize("position", ["pre", "post"])
+def test_a_future_token_never_changes_an_earlier_output(norm, position):
+    m = model(norm=norm, norm_position=position)
+    idx = torch.randint(VOCAB, (2, 12))
+    changed = idx.clone()
+    changed[:, 7] = (changed[:, 7] + 1) % VOCAB
+    a, b = m(idx), m(changed)
+    assert a.shape == (2, 12, VOCAB)
+    torch.testing.assert_close(a[:, :7], b[:, :7], rtol=0, atol=1e-12)
+    assert (a[:, 7:] - b[:, 7:]).abs().max() > 1e-6
+
+
+def test_batchnorm_over_batch_and_time_leaks_the_future_in_training():
+    m = model(norm="batchnorm")
+    idx = torch.randint(VOCAB, (4, 12))
+    changed = idx.clone()
+    changed[:, 11] = (changed[:, 11] + 1) % VOCAB
+    assert (m(idx)[:, :11] - m(changed)[:, :11]).abs().max() > 1e-6  # the statistics see step 11
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("position", ["pre", "post"])
+def test_a_sequence_gets_the_same_logits_alone_and_in_a_padded_batch(norm, position):
+    m = model(norm=norm, norm_position=position)
+    seqs = [torch.randint(VOCAB, (n,)) for n in (5, 12, 9)]
+    idx = torch.zeros(3, 12, dtype=torch.int64)
+    mask = torch.zeros(3, 12, dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        idx[i, : len(s)], mask[i, : len(s)] = s, True
+    idx[0, 5:] = 3  # padding holds arbitrary tokens
+    batched = m(idx, mask)
+    for i, s in enumerate(seqs):
+        torch.testing.assert_close(batched[i, : len(s)], m(s[None])[0], rtol=0, atol=1e-6)
+
+
+def test_pre_and_post_wiring_is_what_the_names_say():
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    for position in ("pre", "post"):
+        block = Block(config(norm_position=position)).double()
+        n1, n2 = block.norm1.norm, block.norm2.norm
+        attn = lambda z: block.attn(z, None)  # noqa: E731
+        if position == "pre":
+            h = x + attn(n1(x))
+            expected = h + block.mlp(n2(h))
+        else:
+            h = n1(x + attn(x))
+            expected = n2(h + block.mlp(h))
+        torch.testing.assert_close(block(x), expected, rtol=0, atol=0)
+        if position == "post":  # every block output is normalized: unit variance per token
+            torch.testing.assert_close(block(x).var(-1, unbiased=False), torch.ones(2, 5, dtype=torch.float64), rtol=1e-4, atol=1e-4)
+
+
+def test_final_norm_head_tying_generate_and_grad_norms():
+    m = model(final_norm=False)
+    assert isinstance(m.norm_f.norm, torch.nn.Identity) and isinstance(model().norm_f.norm, torch.nn.LayerNorm)
+    assert m.head.weight is m.tok.weight
+    out = m.generate(torch.zeros(2, 3, dtype=torch.int64), 20, generator=torch.Generator().manual_seed(0))
+    assert out.shape == (2, 23) and int(out.max()) < VOCAB
+    idx = torch.randint(VOCAB, (4, 10))
+    norms = block_grad_norms(m, idx, torch.roll(idx, -1, 1))
+    assert len(norms) == 2 and all(n > 0 for n in norms)
+
+
+@pytest.mark.parametrize(
+    "kw, error, match",
+    [
+        ({"d_model": 10, "n_head": 3}, ValueError, "divisible by n_head"),
+        ({"norm": "groupnorm"}, ValueError, "norm must be one of"),
+        ({"norm_position": "middle"}, ValueError, "norm_position must be one of"),
+        ({"n_layer": 0}, ValueError, "n_layer must be a positive int"),
+        ({"dropout": 1.0}, ValueError, "dropout must be a number in"),
+        ({"final_norm": "yes"}, TypeError, "final_norm must be a bool"),
+    ],
+)
+def test_bad_configs_raise(kw, error, match):
+    with pytest.raises(error, match=match):
+        config(**kw)
+
+
+def test_bad_model_input_raises():
+    m = model()
+    with pytest.raises(ValueError, match="sequence length must be in 1..block_size=16"):
+        m(torch.zeros(1, 17, dtype=torch.int64))
+    with pytest.raises(ValueError, match="idx must be an int64 tensor"):
+        m(torch.zeros(1, 4))
+    with pytest.raises(ValueError, match="mask must be a bool tensor"):
+        m(torch.zeros(1, 4, dtype=torch.int64), torch.ones(1, 5, dtype=torch.bool))
+    with pytest.raises(TypeError, match="cfg must be a GPTConfig"):
+        TinyGPT({"vocab_size": 3})
+
+
+# ---------------------------------------------------------------- fit_lm
+def test_fit_lm_learns_is_deterministic_and_warms_up():
+    c = data.char_corpus()
+
+    def run(**kw):
+        torch.manual_seed(0)
+        m = TinyGPT(GPTConfig(c.vocab_size, 16, n_layer=1, n_head=2, d_model=16))
+        args = {"steps": 30, "lr": 1e-2, "batch_size": 8, "block_size": 16, "seed": 0, "eval_every": 10} | kw
+        return train.fit_lm(m, c.train, c.val, **args)
+
+    h = run()
+    assert h.val_steps == [10, 20, 30] and len(h.step_loss) == 30 and not h.diverged
+    assert h.val_loss[-1] < h.val_loss[0] < np.log(c.vocab_size)
+    assert run().step_loss == h.step_loss
+    assert run(warmup=30).step_loss[1:] != h.step_loss[1:]  # a smaller first step changes the rest
+    assert run(lr=1e6, grad_clip=None).diverged or run(lr=1e6, grad_clip=None).val_loss[-1] > h.val_loss[-1]
+    with pytest.raises(ValueError, match="warmup must be a non-negative int"):
+        run(warmup=-1)
+    with pytest.raises(TypeError, match="train_ids must be a 1-D int64"):
+        train.fit_lm(None, c.train.float(), c.val, steps=1, lr=1.0, batch_size=1, block_size=4, seed=0)
