@@ -79,3 +79,26 @@ def test_fit_many_and_cpu_workers_reject_bad_input():
     job = copy.copy(jobs(1)[0]) | {"epochs": 0}
     with pytest.raises(ValueError, match="epochs must be a positive int"):
         train.fit_many([job])
+
+
+def test_layernorm_traffic_counts_each_tensor_once():
+    fwd = bench.layernorm_traffic(4096, 1024, 2)
+    assert fwd["bytes"] == 2 * 4096 * 1024 * 2 + 2 * 1024 * 4 + 2 * 4096 * 4
+    assert fwd["flops"] == 7 * 4096 * 1024
+    bwd = bench.layernorm_traffic(4096, 1024, 2, backward=True)
+    assert bwd["bytes"] > 1.4 * fwd["bytes"]  # x and dy in, dx out
+    assert bench.layernorm_traffic(8, 8, 4, rms=True)["bytes"] < bench.layernorm_traffic(8, 8, 4)["bytes"]
+    # a few flops per byte: far below any processor's flops-per-byte balance, so memory-bound
+    assert fwd["flops"] / fwd["bytes"] < 2
+    with pytest.raises(ValueError, match="element_size must be a positive int"):
+        bench.layernorm_traffic(8, 8, 0)
+
+
+def test_copy_bandwidth_and_csv_with_provenance(tmp_path):
+    assert bench.copy_bandwidth(nbytes=8 * 2**20, repeat=3) > 1e8  # any machine copies faster than 100 MB/s
+    path = bench.write_csv([{"n": 1, "gbps": 2.5}, {"n": 2, "gbps": 3.0}], tmp_path / "r" / "x.csv")
+    lines = path.read_text().splitlines()
+    assert lines[0] == "n,gbps,machine,device,torch,triton,date"
+    assert lines[1].startswith("1,2.5,") and torch.__version__ in lines[1] and len(lines) == 3
+    with pytest.raises(ValueError, match="same keys"):
+        bench.write_csv([{"n": 1}, {"m": 2}], tmp_path / "y.csv")

@@ -1,11 +1,15 @@
-"""Measuring what code costs: operator counts and robust timings."""
+"""Measuring what code costs: operator counts, timings, memory traffic and bandwidth, results with provenance."""
 
 from __future__ import annotations
 
+import csv
+import os
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._checks import check_positive_int
@@ -54,3 +58,80 @@ def median_times(fns: Mapping[str, Callable[[], object]], repeat: int = 20, warm
             fn()
             times[name].append(time.perf_counter() - start)
     return {name: statistics.median(t) for name, t in times.items()}
+
+
+def layernorm_traffic(m: int, n: int, element_size: int, *, backward: bool = False, rms: bool = False) -> dict[str, int]:
+    """The least memory traffic and arithmetic of one LayerNorm (or RMSNorm) over ``(m, n)``.
+
+    ``bytes``: every tensor read or written once, ``element_size`` bytes per element of x, y,
+    dy, dx, and float32 weights, biases and per-row statistics. Forward: read x, w, b; write y,
+    mean, rstd. Backward: read x, dy, w, mean, rstd; write dx, dw, db. ``flops``: per element,
+    forward 7 (LayerNorm; 5 for RMSNorm: no mean) and backward 11 (9); the per-row work is
+    negligible. Their ratio, the arithmetic intensity, decides whether a kernel is memory-bound.
+    """
+    check_positive_int(m, "m")
+    check_positive_int(n, "n")
+    check_positive_int(element_size, "element_size")
+    params = 1 if rms else 2  # weight, and bias unless RMSNorm
+    if backward:
+        nbytes = 3 * m * n * element_size + (1 + params) * n * 4 + 2 * m * 4
+        flops = (9 if rms else 11) * m * n
+    else:
+        nbytes = 2 * m * n * element_size + params * n * 4 + 2 * m * 4
+        flops = (5 if rms else 7) * m * n
+    return {"bytes": nbytes, "flops": flops}
+
+
+def copy_bandwidth(device: str | torch.device = "cpu", nbytes: int = 256 * 2**20, repeat: int = 10) -> float:
+    """Measured bytes per second of a large tensor copy (read plus write): the ceiling for a
+    memory-bound kernel on ``device``."""
+    check_positive_int(nbytes, "nbytes")
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    seconds = gpu_time(lambda: dst.copy_(src)) if src.is_cuda else median_times({"copy": lambda: dst.copy_(src)}, repeat)["copy"]
+    return 2 * src.numel() * 4 / seconds
+
+
+def gpu_time(fn: Callable[[], object]) -> float:
+    """Median seconds of ``fn()`` on a CUDA GPU, with Triton's ``do_bench`` (warm-up, cache
+    flushing, synchronization)."""
+    import triton.testing
+
+    return triton.testing.do_bench(fn, return_mode="median") / 1e3
+
+
+def provenance(device: str | torch.device = "cpu") -> dict[str, str]:
+    """Where and when a measurement was made: machine, device name, torch and triton versions, date."""
+    import datetime
+    import platform
+
+    import triton
+
+    device = torch.device(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    return {
+        "machine": platform.node(),
+        "device": name,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "date": datetime.date.today().isoformat(),
+    }
+
+
+def write_csv(rows: Sequence[Mapping[str, object]], path: str | os.PathLike, device: str | torch.device = "cpu") -> Path:
+    """Write result rows (dicts with the same keys) to a CSV file, each with the provenance
+    columns filled; returns the path."""
+    if not rows:
+        raise ValueError("rows must hold at least one result")
+    keys = list(rows[0])
+    if any(list(r) != keys for r in rows):
+        raise ValueError("every row must have the same keys, in the same order")
+    stamp = provenance(device)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys + list(stamp))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**row, **stamp})
+    return path

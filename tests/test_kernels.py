@@ -1,0 +1,168 @@
+"""The Triton LayerNorm and RMSNorm kernels against a float64 reference.
+
+On a machine without a GPU they run through Triton's interpreter (``lnbook.kernels`` turns
+it on); tests marked ``gpu`` run only where CUDA is available.
+"""
+
+import os
+import subprocess
+import sys
+from unittest import mock
+
+import pytest
+import torch
+
+from lnbook.kernels import layer_norm, rms_norm
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+# Tolerances against float64 on the same (rounded) inputs: the kernel's float32 arithmetic,
+# then the rounding of each result to its dtype (8 significant bits for bfloat16, 11 for float16).
+TOL = {torch.float32: (2e-5, 2e-5), torch.float16: (1e-2, 1e-2), torch.bfloat16: (5e-2, 5e-2)}
+MS = (1, 3, 37, 128)
+NS = (1, 7, 64, 1000, 1151, 4096, 5000)
+
+
+def inputs(m, n, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x, dy = torch.randn(m, n, generator=g) * 2 + 0.5, torch.randn(m, n, generator=g)
+    w, b = torch.randn(n, generator=g), torch.randn(n, generator=g)
+    return [t.to(dtype).to(DEVICE) for t in (x, w, b, dy)]
+
+
+def run(fn, x, w, b, dy, **kw):
+    """Output and gradients (dx, dw, db) of fn on leaf copies of the inputs."""
+    leaves = [t.clone().requires_grad_() for t in (x, w) + ((b,) if b is not None else ())]
+    y = fn(*leaves, **kw)
+    y.backward(dy)
+    return [y] + [t.grad for t in leaves]
+
+
+def reference(rms, x, w, b, dy):
+    x, w, dy = (t.double().cpu() for t in (x, w, dy))
+    n = x.shape[-1]
+    if rms:
+        return run(lambda x, w: torch.nn.functional.rms_norm(x, (n,), w, 1e-6), x, w, None, dy)
+    return run(lambda x, w, b: torch.nn.functional.layer_norm(x, (n,), w, b, 1e-5), x, w, b.double().cpu(), dy)
+
+
+def check(rms, m, n, dtype, **kw):
+    x, w, b, dy = inputs(m, n, dtype)
+    if rms:
+        got = run(lambda x, w: rms_norm(x, w, **kw), x, w, None, dy)
+    else:
+        got = run(lambda x, w, b: layer_norm(x, w, b, **kw), x, w, b, dy)
+    rtol, atol = TOL[dtype]
+    for name, a, e in zip(("y", "dx", "dw", "db"), got, reference(rms, x, w, b, dy)):
+        assert a.dtype == dtype and a.shape == e.shape, name
+        torch.testing.assert_close(a.double().cpu(), e, rtol=rtol, atol=atol * max(1.0, m**0.5), msg=f"{name} M={m} N={n}")
+
+
+@pytest.mark.parametrize("dtype", TOL, ids=str)
+@pytest.mark.parametrize("m", MS)
+def test_layer_norm_forward_and_gradients_match_float64(m, dtype):
+    for n in NS:
+        check(False, m, n, dtype)
+
+
+@pytest.mark.parametrize("dtype", TOL, ids=str)
+def test_rms_norm_forward_and_gradients_match_float64(dtype):
+    for m, n in ((1, 1), (3, 7), (37, 1151), (3, 5000)):
+        check(True, m, n, dtype)
+
+
+@pytest.mark.parametrize("rms", [False, True], ids=["layer", "rms"])
+def test_rows_longer_than_a_block_loop_over_blocks(rms):
+    for m, n in ((3, 1000), (5, 1151), (2, 5000)):
+        check(rms, m, n, torch.float32, max_block=256)
+    check(rms, 4, 300, torch.bfloat16, max_block=64)
+
+
+@pytest.mark.parametrize("max_block", [None, 256])
+def test_backward_is_bitwise_repeatable(max_block):
+    x, w, b, dy = inputs(37, 1151, torch.float32)
+    first = run(lambda x, w, b: layer_norm(x, w, b, max_block=max_block), x, w, b, dy)
+    second = run(lambda x, w, b: layer_norm(x, w, b, max_block=max_block), x, w, b, dy)
+    assert all(torch.equal(p, q) for p, q in zip(first, second))
+
+
+@pytest.mark.parametrize("max_block", [None, 256])
+def test_poisoned_output_buffers_are_fully_overwritten(max_block):
+    x, w, b, dy = inputs(5, 700, torch.float32)
+    clean = run(lambda x, w, b: layer_norm(x, w, b, max_block=max_block), x, w, b, dy)
+
+    def nan_empty(*size, **kw):
+        return torch.full(size, float("nan"), **kw)
+
+    def nan_empty_like(t, **kw):
+        return torch.full_like(t, float("nan"), **kw)
+
+    with mock.patch("lnbook.kernels.norm.torch.empty", nan_empty), mock.patch("lnbook.kernels.norm.torch.empty_like", nan_empty_like):
+        poisoned = run(lambda x, w, b: layer_norm(x, w, b, max_block=max_block), x, w, b, dy)
+    for p, q in zip(clean, poisoned):
+        assert torch.isfinite(q).all() and torch.equal(p, q)
+
+
+def test_any_leading_shape_and_non_contiguous_input():
+    x, w, b, _ = inputs(6, 40, torch.float32)
+    x3 = x.reshape(2, 3, 40)
+    torch.testing.assert_close(layer_norm(x3, w, b), layer_norm(x, w, b).reshape(2, 3, 40), rtol=0, atol=0)
+    wide = torch.randn(40, 12, device=DEVICE)
+    strided = wide.t()  # (12, 40) with the features 12 elements apart
+    torch.testing.assert_close(layer_norm(strided, w, b), layer_norm(strided.contiguous(), w, b), rtol=0, atol=0)
+    empty = torch.empty(0, 40, device=DEVICE, requires_grad=True)
+    y = layer_norm(empty, w.clone().requires_grad_(), b)
+    assert y.shape == (0, 40)
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda x, w, b: layer_norm(x.long(), w, b), TypeError, "floating-point"),
+        (lambda x, w, b: layer_norm(x.double(), w, b), TypeError, "float16, bfloat16 or float32"),
+        (lambda x, w, b: layer_norm(x, w[:-1], b), ValueError, r"weight must have shape \(8,\)"),
+        (lambda x, w, b: layer_norm(x, w, b[:3]), ValueError, r"bias must have shape \(8,\)"),
+        (lambda x, w, b: layer_norm(x, w, b, eps=0.0), ValueError, "eps must be a positive"),
+        (lambda x, w, b: layer_norm(x, w, b, max_block=100), ValueError, "max_block must be a power of two"),
+        (lambda x, w, b: rms_norm(x[:, :0], w[:0]), ValueError, "non-empty last dimension"),
+    ],
+)
+def test_bad_input_gets_a_clear_error(call, error, match):
+    x, w, b, _ = inputs(2, 8, torch.float32)
+    with pytest.raises(error, match=match):
+        call(x, w, b)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU interpreter switch")
+@pytest.mark.parametrize(
+    "code, env, expect",
+    [
+        ("import triton; import lnbook.kernels as k", {}, "ok"),  # triton first: still interpreted
+        ("import lnbook.kernels as k; import triton", {}, "ok"),
+        ("import lnbook.kernels as k", {"TRITON_INTERPRET": "0"}, "set TRITON_INTERPRET=1"),
+    ],
+)
+def test_the_interpreter_is_used_whatever_the_import_order(code, env, expect):
+    script = code + "; import torch; x = torch.randn(3, 5); print('ok' if k.layer_norm(x, torch.ones(5)).shape == (3, 5) else 'bad')"
+    environ = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"} | env
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environ, timeout=120)
+    assert expect in result.stdout + result.stderr
+
+
+@gpu
+def test_compiled_kernels_on_the_gpu_match_float64():
+    for m, n in ((1, 1), (37, 1151), (128, 5000), (4096, 16384)):
+        for dtype in TOL:
+            check(False, m, n, dtype)
+            check(True, m, n, dtype)
+
+
+def test_gpu_benchmark_script_runs_end_to_end_in_smoke_mode():
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "layernorm_gpu.py")
+    result = subprocess.run([sys.executable, script, "--smoke"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    csv_path = result.stdout.split("wrote ")[1].split(" and ")[0]
+    lines = open(csv_path).read().splitlines()
+    assert lines[0].startswith("dtype,m,n,implementation,mode,ms,gb_per_s,copy_gb_per_s,machine,device,torch,triton,date")
+    assert len(lines) == 1 + 2 * 3 * 2  # 2 sizes x 3 implementations x 2 modes
