@@ -11,12 +11,15 @@ Triton's do_bench (medians), and writes
 
 GB/s counts each tensor read or written once (lnbook.bench.layernorm_traffic), so it can be
 compared with the copy bandwidth. ``--smoke`` runs two tiny sizes and writes into a
-temporary folder: a check that the script works, not a measurement.
+temporary folder: a check that the script works, not a measurement. ``--cpu`` measures this
+machine's CPU instead, in float32 and without the Triton kernel (on a CPU it runs through
+Triton's interpreter, which is for correctness, not speed).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import tempfile
 from pathlib import Path
 
@@ -67,7 +70,7 @@ def check(impls, device, dtype):
 def measure(impls, device, dtypes, m, ns, copy_bytes=256 * 2**20):
     rows = []
     copy = bench.copy_bandwidth(device, copy_bytes)
-    time = bench.gpu_time if torch.device(device).type == "cuda" else lambda fn: bench.median_times({"f": fn}, 3)["f"]
+    time = bench.gpu_time if torch.device(device).type == "cuda" else lambda fn: bench.median_times({"f": fn}, 10)["f"]
     for dtype in dtypes:
         check(impls, device, dtype)
         for n in ns:
@@ -114,8 +117,13 @@ def plot(rows, path):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="two tiny sizes into a temporary folder, on any device")
+    parser.add_argument("--cpu", action="store_true", help="measure the CPU: float32, no Triton kernel")
     args = parser.parse_args()
-    if args.smoke:
+    if args.cpu:
+        torch.set_num_threads(torch.get_num_threads())  # all cores, as torch uses them by default
+        device, dtypes, m, ns, out = "cpu", (torch.float32,), 4096, (512, 1024, 2048, 4096), RESULTS
+        impls = {k: v for k, v in implementations().items() if k != "triton (lnbook)"}
+    elif args.smoke:
         device, dtypes, m, ns, out = ("cuda" if torch.cuda.is_available() else "cpu"), (torch.bfloat16,), 8, (64, 256), Path(tempfile.mkdtemp())
         impls = {k: v for k, v in implementations().items() if k != "torch.compile"}  # compiling takes minutes on a CPU
     else:
@@ -125,7 +133,7 @@ def main() -> None:
         impls = implementations()
     rows = measure(impls, device, dtypes, m, ns, 16 * 2**20 if args.smoke else 256 * 2**20)
     stamp = bench.provenance(device)
-    name = f"{stamp['device'].replace(' ', '_')}-{stamp['date']}"
+    name = re.sub(r"[^A-Za-z0-9]+", "-", stamp["device"]).strip("-") + f"-{stamp['date']}"
     csv_path = bench.write_csv(rows, out / f"{name}.csv", device)
     plot(rows, out / f"{name}.png")
     print(f"wrote {csv_path} and {out / name}.png")

@@ -17,6 +17,7 @@ def test_count_ops_counts_forward_and_backward_operators():
     assert bench.count_ops(lambda: None) == 0
     assert bench.count_ops(lambda: x.view(2, 6)[:, :5].T.detach()) == 0  # views compute nothing
     assert bench.count_ops(lambda: x.T.contiguous()) == 1  # a copy does
+    assert bench.list_ops(lambda: torch.tanh(x @ x.T)) == ["mm", "tanh"]
 
 
 def test_median_times_interleaves_and_takes_the_median():

@@ -166,3 +166,29 @@ def test_gpu_benchmark_script_runs_end_to_end_in_smoke_mode():
     lines = open(csv_path).read().splitlines()
     assert lines[0].startswith("dtype,m,n,implementation,mode,ms,gb_per_s,copy_gb_per_s,machine,device,torch,triton,date")
     assert len(lines) == 1 + 2 * 3 * 2  # 2 sizes x 3 implementations x 2 modes
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_fused_norms_in_tinygpt_give_the_same_loss_and_gradients(norm):
+    from lnbook.kernels import fuse_norms
+    from lnbook.transformer import GPTConfig, TinyGPT
+
+    torch.manual_seed(0)
+    model = TinyGPT(GPTConfig(11, 16, n_layer=2, n_head=2, d_model=32, norm=norm)).to(DEVICE)
+    fused = TinyGPT(model.cfg).to(DEVICE)
+    fused.load_state_dict(model.state_dict())
+    assert fuse_norms(fused) == 2 * 2 + 1 and fuse_norms(fused) == 0  # two per block and the final one; once
+    idx = torch.randint(11, (3, 16), device=DEVICE)
+    losses = [m.loss(idx[:, :-1], idx[:, 1:]) for m in (model, fused)]
+    for loss in losses:
+        loss.backward()
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-5)
+    for (name, p), q in zip(model.named_parameters(), fused.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_fused_modules_reject_multi_dimensional_shapes():
+    from lnbook.kernels import FusedLayerNorm
+
+    with pytest.raises(ValueError, match="last dimension only"):
+        FusedLayerNorm((4, 5))

@@ -99,3 +99,10 @@ def test_residual_block_diagram_puts_the_norm_where_the_name_says():
     assert heights["post"] > 0 > heights["pre"]
     with pytest.raises(ValueError, match="position must be 'post' or 'pre'"):
         plotting.residual_block_diagram(None, "middle")
+
+
+def test_show_source_shows_a_triton_kernels_python():
+    from lnbook.kernels import norm
+
+    code = show_source(norm._forward).code
+    assert code.startswith("@triton.jit\ndef _forward(") and "tl.store(Rstd + row, rstd)" in code

@@ -15,27 +15,33 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ._checks import check_positive_int
 
 
-class _OpCounter(TorchDispatchMode):
+class _OpRecorder(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
-        self.count = 0
+        self.names: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += not func.is_view
+        if not func.is_view:
+            self.names.append(func.overloadpacket.__name__)
         return func(*args, **(kwargs or {}))
 
 
-def count_ops(fn: Callable[[], object]) -> int:
-    """How many ATen operators that compute ``fn()`` runs, forward and backward.
+def list_ops(fn: Callable[[], object]) -> list[str]:
+    """The ATen operators that compute, in the order ``fn()`` runs them, forward and backward.
 
-    Counted below autograd, so the operators of a ``.backward()`` inside ``fn`` count too.
-    Views (``view``, ``t``, ``detach``, ...) only relabel memory and are not counted. On a
-    GPU each counted operator is about one kernel launch; on a CPU each pays a fixed
-    dispatch cost of microseconds, which dominates when tensors are small.
+    Recorded below autograd, so the operators of a ``.backward()`` inside ``fn`` appear too.
+    Views (``view``, ``t``, ``detach``, ...) only relabel memory and are left out. On a GPU
+    each listed operator is about one kernel launch and one pass over its tensors; on a CPU
+    each pays a fixed dispatch cost of microseconds, which dominates when tensors are small.
     """
-    with _OpCounter() as counter:
+    with _OpRecorder() as recorder:
         fn()
-    return counter.count
+    return recorder.names
+
+
+def count_ops(fn: Callable[[], object]) -> int:
+    """How many ATen operators that compute ``fn()`` runs, forward and backward (see :func:`list_ops`)."""
+    return len(list_ops(fn))
 
 
 def median_times(fns: Mapping[str, Callable[[], object]], repeat: int = 20, warmup: int = 3) -> dict[str, float]:
@@ -108,7 +114,14 @@ def provenance(device: str | torch.device = "cpu") -> dict[str, str]:
     import triton
 
     device = torch.device(device)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = platform.processor() or platform.machine()
+        if os.path.exists("/proc/cpuinfo"):  # Linux names the CPU model there
+            models = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")]
+            name = models[0] if models else name
+        name = f"{name} ({torch.get_num_threads()} threads)"
     return {
         "machine": platform.node(),
         "device": name,

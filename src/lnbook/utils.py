@@ -79,7 +79,10 @@ def show_source(obj: object) -> Source:
     """Return the source of a function, class, method or module for display in a notebook.
 
     The book shows the code it runs from one place, the package, instead of pasting copies.
+    A Triton kernel (compiled or interpreted) shows the Python function it was made from.
     """
+    if callable(getattr(obj, "fn", None)) and type(obj).__module__.startswith("triton"):
+        obj = obj.fn
     try:
         code = inspect.getsource(obj)
     except (TypeError, OSError):

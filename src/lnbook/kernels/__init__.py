@@ -29,6 +29,7 @@ except ImportError as error:  # pragma: no cover - only where no triton wheel ex
         "the rest of lnbook works without it"
     ) from error
 
+from .modules import FusedLayerNorm, FusedRMSNorm, fuse_norms  # noqa: E402
 from .norm import layer_norm, rms_norm  # noqa: E402  (after the interpreter switch)
 
-__all__ = ["layer_norm", "rms_norm"]
+__all__ = ["FusedLayerNorm", "FusedRMSNorm", "fuse_norms", "layer_norm", "rms_norm"]
