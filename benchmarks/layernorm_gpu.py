@@ -41,10 +41,12 @@ def naive(x, w, b, eps=1e-5):
 
 
 def implementations():
+    """Fresh each time it is called: the torch.compile entry then compiles for one shape only
+    (a static-shape kernel) instead of recompiling into a dynamic-shape one."""
     return {
         "naive": naive,
         "F.layer_norm": lambda x, w, b: F.layer_norm(x, x.shape[-1:], w.to(x.dtype), b.to(x.dtype)),
-        "torch.compile": torch.compile(naive),
+        "torch.compile": torch.compile(naive, dynamic=False),
         "triton (lnbook)": layer_norm,
     }
 
@@ -67,21 +69,23 @@ def check(impls, device, dtype):
             torch.testing.assert_close(got.double().cpu(), want, rtol=5e-2, atol=2e-2 * scale, msg=f"{name} {what} {dtype}")
 
 
-def measure(impls, device, dtypes, m, ns, copy_bytes=256 * 2**20):
+def measure(names, device, dtypes, m, ns, copy_bytes=256 * 2**20):
     rows = []
     copy = bench.copy_bandwidth(device, copy_bytes)
     time = bench.gpu_time if torch.device(device).type == "cuda" else lambda fn: bench.median_times({"f": fn}, 10)["f"]
     for dtype in dtypes:
-        check(impls, device, dtype)
+        check({k: v for k, v in implementations().items() if k in names}, device, dtype)
         for n in ns:
+            impls = {k: v for k, v in implementations().items() if k in names}
             x = torch.randn(m, n, device=device, dtype=dtype, requires_grad=True)
             w = torch.ones(n, device=device, requires_grad=True)
             b = torch.zeros(n, device=device, requires_grad=True)
             dy = torch.randn_like(x)
             for name, fn in impls.items():
                 for mode in ("forward", "forward+backward"):
-                    if mode == "forward":
-                        seconds = time(lambda: fn(x, w, b))
+                    if mode == "forward":  # inference: no graph recorded for a backward pass
+                        with torch.no_grad():
+                            seconds = time(lambda: fn(x, w, b))
                         nbytes = bench.layernorm_traffic(m, n, x.element_size())["bytes"]
                     else:
                         seconds = time(lambda: torch.autograd.grad(fn(x, w, b), (x, w, b), dy))
@@ -122,16 +126,16 @@ def main() -> None:
     if args.cpu:
         torch.set_num_threads(torch.get_num_threads())  # all cores, as torch uses them by default
         device, dtypes, m, ns, out = "cpu", (torch.float32,), 4096, (512, 1024, 2048, 4096), RESULTS
-        impls = {k: v for k, v in implementations().items() if k != "triton (lnbook)"}
+        names = ("naive", "F.layer_norm", "torch.compile")
     elif args.smoke:
         device, dtypes, m, ns, out = ("cuda" if torch.cuda.is_available() else "cpu"), (torch.bfloat16,), 8, (64, 256), Path(tempfile.mkdtemp())
-        impls = {k: v for k, v in implementations().items() if k != "torch.compile"}  # compiling takes minutes on a CPU
+        names = ("naive", "F.layer_norm", "triton (lnbook)")  # compiling takes minutes on a CPU
     else:
         if not torch.cuda.is_available():
             raise SystemExit("layernorm_gpu.py measures a CUDA GPU and found none; use --smoke to check the script")
         device, dtypes, m, ns, out = "cuda", (torch.bfloat16, torch.float16), 4096, (512, 1024, 2048, 4096, 8192, 16384), RESULTS
-        impls = implementations()
-    rows = measure(impls, device, dtypes, m, ns, 16 * 2**20 if args.smoke else 256 * 2**20)
+        names = tuple(implementations())
+    rows = measure(names, device, dtypes, m, ns, 16 * 2**20 if args.smoke else 256 * 2**20)
     stamp = bench.provenance(device)
     name = re.sub(r"[^A-Za-z0-9]+", "-", stamp["device"]).strip("-") + f"-{stamp['date']}"
     csv_path = bench.write_csv(rows, out / f"{name}.csv", device)

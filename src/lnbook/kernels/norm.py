@@ -24,7 +24,7 @@ def _forward(
     X, Y, W, B, Mean, Rstd, N, eps, BLOCK: tl.constexpr, SINGLE: tl.constexpr, RMS: tl.constexpr, HAS_BIAS: tl.constexpr
 ):
     """One program normalizes one row of X (M, N) into Y and stores its mean and 1/sigma."""
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # 64-bit offsets: M * N may exceed 2**31
     X += row * N
     Y += row * N
     cols = tl.arange(0, BLOCK)
@@ -74,7 +74,7 @@ def _backward(
     dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * w (RMS: no mean(g) term).
     Each buffer row belongs to one program, so no two programs ever write the same address.
     """
-    p = tl.program_id(0)
+    p = tl.program_id(0).to(tl.int64)  # 64-bit offsets: M * N may exceed 2**31
     programs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK)
     if SINGLE:  # N <= BLOCK: dW and db partial sums stay in registers across this program's rows
@@ -117,9 +117,9 @@ def _backward(
                 ).to(tl.float32)
                 s1 += g
                 s2 += g * tl.where(inside, (x - mean) * rstd, 0.0)
-            c1 = tl.sum(s1, axis=0) / N
-            if RMS:
-                c1 = 0.0 * c1
+            c1 = tl.zeros([], dtype=tl.float32)
+            if not RMS:
+                c1 = tl.sum(s1, axis=0) / N
             c2 = tl.sum(s2, axis=0) / N
             for start in range(0, N, BLOCK):
                 inside = start + cols < N
@@ -135,10 +135,15 @@ def _backward(
                     tl.store(partial, tl.load(partial, mask=inside, other=0.0) + dy, mask=inside)
 
 
-def _block(n: int, element_size: int, max_block: int | None) -> int:
+BACKWARD_BLOCK = 8192  # the backward pass keeps w, dw and db live across rows: fewer registers per row
+
+
+def _block(n: int, element_size: int, max_block: int | None, backward: bool = False) -> int:
     """The column block: the row's length rounded up to a power of two, at most 64 KiB of input
-    (or ``max_block``)."""
+    in the forward pass and 8192 columns in the backward pass (or ``max_block``)."""
     limit = max_block if max_block is not None else 65536 // element_size
+    if backward and max_block is None:
+        limit = min(limit, BACKWARD_BLOCK)
     return min(triton.next_power_of_2(n), limit)
 
 
@@ -167,9 +172,11 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, max
 
 
 def _programs(m: int, device: torch.device) -> int:
-    """How many programs share the backward pass's rows (and so the partial-sum buffers)."""
+    """How many programs share the backward pass's rows: one per multiprocessor on a GPU (each
+    writes a row of the float32 partial-sum buffers, so more programs mean more traffic), at
+    most 4 on a CPU."""
     if device.type == "cuda":
-        return max(1, min(m, 4 * torch.cuda.get_device_properties(device).multi_processor_count))
+        return max(1, min(m, torch.cuda.get_device_properties(device).multi_processor_count))
     return max(1, min(m, 4))
 
 
@@ -178,6 +185,8 @@ class _Norm(torch.autograd.Function):
     def forward(ctx, x, weight, bias, eps, rms, max_block):
         shape, n = x.shape, x.shape[-1]
         x2 = x.reshape(-1, n).contiguous()  # any strides in, rows of N contiguous elements out
+        weight = weight.contiguous()
+        bias = bias.contiguous() if bias is not None else None
         m = x2.shape[0]
         y = torch.empty_like(x2)
         mean = torch.empty(m, dtype=torch.float32, device=x.device)
@@ -188,7 +197,8 @@ class _Norm(torch.autograd.Function):
                            BLOCK=block, SINGLE=n <= block, RMS=rms, HAS_BIAS=bias is not None,
                            num_warps=min(max(block // 256, 1), 16))
         ctx.save_for_backward(x2, weight, mean, rstd)
-        ctx.shape, ctx.rms, ctx.block, ctx.has_bias = shape, rms, block, bias is not None
+        ctx.shape, ctx.rms, ctx.has_bias = shape, rms, bias is not None
+        ctx.block = _block(n, x2.element_size(), max_block, backward=True)
         return y.reshape(shape)
 
     @staticmethod
