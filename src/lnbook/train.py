@@ -36,6 +36,21 @@ class History:
     steps_per_epoch: int = 0
 
 
+def _check_lr(lr: object) -> None:
+    if not (isinstance(lr, (int, float)) and lr > 0):
+        raise ValueError(f"lr must be a positive number, got {lr!r}")
+
+
+def _update(opt: torch.optim.Optimizer, params: list[nn.Parameter], loss: torch.Tensor, grad_clip: float | None) -> float:
+    """One optimizer step on ``loss`` (gradient norm clipped to ``grad_clip`` if given); returns the loss."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip is not None:
+        nn.utils.clip_grad_norm_(params, grad_clip)
+    opt.step()
+    return loss.item()
+
+
 def _check_dataset(data: object, name: str) -> Dataset:
     if not isinstance(data, tuple) or len(data) < 2 or not all(isinstance(t, torch.Tensor) for t in data):
         raise TypeError(f"{name} must be a tuple of tensors (inputs..., targets), got {type(data).__name__}")
@@ -97,8 +112,7 @@ def fit(
     check_positive_int(batch_size, "batch_size")
     if max_steps is not None:
         check_positive_int(max_steps, "max_steps")
-    if not (isinstance(lr, (int, float)) and lr > 0):
-        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    _check_lr(lr)
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
     params = list(model.parameters())
@@ -116,13 +130,7 @@ def fit(
         for idx in torch.randperm(n, generator=generator)[:seen].split(batch_size):
             *inputs, y = (t[idx].to(device) for t in train)
             logits = model(*inputs)
-            loss = nn.functional.cross_entropy(logits, y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if grad_clip is not None:
-                nn.utils.clip_grad_norm_(params, grad_clip)
-            opt.step()
-            history.step_loss.append(loss.item())
+            history.step_loss.append(_update(opt, params, nn.functional.cross_entropy(logits, y), grad_clip))
             correct += int((logits.argmax(-1) == y).sum())
             count += len(y)
             if len(history.step_loss) == max_steps:
@@ -202,8 +210,7 @@ def fit_lm(
         check_positive_int(value, name)
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be a non-negative int, got {warmup!r}")
-    if not (isinstance(lr, (int, float)) and lr > 0):
-        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    _check_lr(lr)
     if min(len(train_ids), len(val_ids)) <= block_size:
         raise ValueError(f"train_ids and val_ids must be longer than block_size = {block_size}")
     params = list(model.parameters())
@@ -219,13 +226,7 @@ def fit_lm(
             group["lr"] = lr * min(1.0, step / warmup) if warmup else lr
         starts = torch.randint(len(train_ids) - block_size, (batch_size,), generator=generator)
         idx, targets = (t.to(device) for t in _windows(train_ids, starts, block_size))
-        loss = model.loss(idx, targets)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if grad_clip is not None:
-            nn.utils.clip_grad_norm_(params, grad_clip)
-        opt.step()
-        history.step_loss.append(loss.item())
+        history.step_loss.append(_update(opt, params, model.loss(idx, targets), grad_clip))
         elapsed += time.perf_counter() - start
         if not math.isfinite(history.step_loss[-1]):
             history.diverged = True
