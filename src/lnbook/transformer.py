@@ -89,12 +89,12 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = (z.view(b, t, self.n_head, d // self.n_head).transpose(1, 2) for z in self.qkv(x).split(d, dim=2))
-        if mask is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
-        else:  # causal and key padding: (B, 1, T, T), True where attention is allowed
-            causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-            allowed = causal & mask[:, None, None, :]
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=self.dropout if self.training else 0.0)
+        allowed = None  # without padding, the causal mask alone (is_causal)
+        if mask is not None:  # causal and key padding: (B, 1, T, T), True where attention is allowed
+            allowed = torch.ones(t, t, dtype=torch.bool, device=x.device).tril() & mask[:, None, None, :]
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=allowed, is_causal=mask is None, dropout_p=self.dropout if self.training else 0.0
+        )
         return self.proj(y.transpose(1, 2).reshape(b, t, d))
 
 

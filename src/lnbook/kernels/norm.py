@@ -147,6 +147,11 @@ def _block(n: int, element_size: int, max_block: int | None, backward: bool = Fa
     return min(triton.next_power_of_2(n), limit)
 
 
+def _warps(block: int) -> int:
+    """Warps per program on a GPU: one per 256 columns of the block, between 1 and 16."""
+    return min(max(block // 256, 1), 16)
+
+
 def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, max_block: int | None) -> None:
     check_float_tensor(x, "x")
     if x.dtype not in DTYPES:
@@ -195,7 +200,7 @@ class _Norm(torch.autograd.Function):
         if m:
             _forward[(m,)](x2, y, weight, bias if bias is not None else weight, mean, rstd, n, eps,
                            BLOCK=block, SINGLE=n <= block, RMS=rms, HAS_BIAS=bias is not None,
-                           num_warps=min(max(block // 256, 1), 16))
+                           num_warps=_warps(block))
         ctx.save_for_backward(x2, weight, mean, rstd)
         ctx.shape, ctx.rms, ctx.has_bias = shape, rms, bias is not None
         ctx.block = _block(n, x2.element_size(), max_block, backward=True)
@@ -213,7 +218,7 @@ class _Norm(torch.autograd.Function):
         db = torch.empty(programs, n, dtype=torch.float32, device=x2.device) if ctx.has_bias else dw
         if m:
             _backward[(programs,)](x2, dy2, dx, weight, mean, rstd, dw, db, m, n, BLOCK=ctx.block, SINGLE=n <= ctx.block,
-                                   RMS=ctx.rms, HAS_BIAS=ctx.has_bias, num_warps=min(max(ctx.block // 256, 1), 16))
+                                   RMS=ctx.rms, HAS_BIAS=ctx.has_bias, num_warps=_warps(ctx.block))
         else:
             dw.zero_()
             db.zero_()
