@@ -72,7 +72,6 @@ def check(impls, device, dtype):
 def measure(names, device, dtypes, m, ns, copy_bytes=256 * 2**20):
     rows = []
     copy = bench.copy_bandwidth(device, copy_bytes)
-    time = bench.gpu_time if torch.device(device).type == "cuda" else lambda fn: bench.median_times({"f": fn}, 10)["f"]
     for dtype in dtypes:
         check({k: v for k, v in implementations().items() if k in names}, device, dtype)
         for n in ns:
@@ -85,10 +84,10 @@ def measure(names, device, dtypes, m, ns, copy_bytes=256 * 2**20):
                 for mode in ("forward", "forward+backward"):
                     if mode == "forward":  # inference: no graph recorded for a backward pass
                         with torch.no_grad():
-                            seconds = time(lambda: fn(x, w, b))
+                            seconds = bench.seconds(lambda: fn(x, w, b), device)
                         nbytes = bench.layernorm_traffic(m, n, x.element_size())["bytes"]
                     else:
-                        seconds = time(lambda: torch.autograd.grad(fn(x, w, b), (x, w, b), dy))
+                        seconds = bench.seconds(lambda: torch.autograd.grad(fn(x, w, b), (x, w, b), dy), device)
                         nbytes = sum(bench.layernorm_traffic(m, n, x.element_size(), backward=bwd)["bytes"] for bwd in (False, True))
                     rows.append({"dtype": str(dtype).removeprefix("torch."), "m": m, "n": n, "implementation": name,
                                  "mode": mode, "ms": round(seconds * 1e3, 4), "gb_per_s": round(nbytes / seconds / 1e9, 1),

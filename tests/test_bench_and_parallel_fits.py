@@ -103,3 +103,9 @@ def test_copy_bandwidth_and_csv_with_provenance(tmp_path):
     assert lines[1].startswith("1,2.5,") and torch.__version__ in lines[1] and len(lines) == 3
     with pytest.raises(ValueError, match="same keys"):
         bench.write_csv([{"n": 1}, {"m": 2}], tmp_path / "y.csv")
+
+
+def test_seconds_is_the_median_on_the_cpu():
+    calls = []
+    assert bench.seconds(lambda: calls.append(1), "cpu", repeat=4) >= 0
+    assert len(calls) == 3 + 4  # median_times' warm-up, then the timed calls

@@ -94,8 +94,15 @@ def copy_bandwidth(device: str | torch.device = "cpu", nbytes: int = 256 * 2**20
     check_positive_int(nbytes, "nbytes")
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
     dst = torch.empty_like(src)
-    seconds = gpu_time(lambda: dst.copy_(src)) if src.is_cuda else median_times({"copy": lambda: dst.copy_(src)}, repeat)["copy"]
-    return 2 * src.numel() * 4 / seconds
+    return 2 * src.numel() * 4 / seconds(lambda: dst.copy_(src), device, repeat)
+
+
+def seconds(fn: Callable[[], object], device: str | torch.device = "cpu", repeat: int = 10) -> float:
+    """Median seconds of ``fn()`` on ``device``: :func:`gpu_time` on a CUDA GPU, else
+    :func:`median_times` over ``repeat`` calls."""
+    if torch.device(device).type == "cuda":
+        return gpu_time(fn)
+    return median_times({"fn": fn}, repeat)["fn"]
 
 
 def gpu_time(fn: Callable[[], object]) -> float:
