@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -311,21 +311,35 @@ class TimeStepBatchNorm(_BatchNormBase):
         return self._affine(x, real, mean, var)
 
 
+def swap_modules(model: nn.Module, replacement: Callable[[nn.Module], nn.Module | None]) -> int:
+    """Replace, in place, every submodule of ``model`` for which ``replacement(module)`` returns
+    a new module (a module it returns None for is searched further). The new module gets the
+    old one's state dict, device and dtype. Returns how many modules were replaced."""
+    count = 0
+    for name, child in model.named_children():
+        new = replacement(child)
+        if new is None:
+            count += swap_modules(child, replacement)
+            continue
+        new.load_state_dict(child.state_dict())
+        reference = next(child.parameters(), None)
+        if reference is not None:
+            new.to(device=reference.device, dtype=reference.dtype)
+        setattr(model, name, new)
+        count += 1
+    return count
+
+
 def replace_layer_norms(model: nn.Module) -> int:
     """Swap every ``torch.nn.LayerNorm`` inside ``model`` for :class:`LayerNorm`, in place.
 
     Settings, parameters, device and dtype are carried over, so outputs and gradients stay
     the same. Returns how many modules were replaced.
     """
-    count = 0
-    for name, child in model.named_children():
-        if isinstance(child, nn.LayerNorm):
-            ours = LayerNorm(child.normalized_shape, child.eps, child.elementwise_affine, child.bias is not None)
-            ours.load_state_dict(child.state_dict())
-            if child.weight is not None:
-                ours.to(device=child.weight.device, dtype=child.weight.dtype)
-            setattr(model, name, ours)
-            count += 1
-        else:
-            count += replace_layer_norms(child)
-    return count
+
+    def ours(child: nn.Module) -> nn.Module | None:
+        if not isinstance(child, nn.LayerNorm):
+            return None
+        return LayerNorm(child.normalized_shape, child.eps, child.elementwise_affine, child.bias is not None)
+
+    return swap_modules(model, ours)

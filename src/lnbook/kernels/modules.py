@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..norms import RMSNorm
+from ..norms import RMSNorm, swap_modules
 from .norm import layer_norm, rms_norm
 
 
@@ -42,20 +42,14 @@ def fuse_norms(model: nn.Module) -> int:
     """Swap every ``torch.nn.LayerNorm`` and :class:`lnbook.norms.RMSNorm` over one dimension
     inside ``model`` for its fused version, in place, keeping parameters, device and dtype.
     Returns how many modules were swapped."""
-    count = 0
-    for name, child in model.named_children():
-        fused: nn.Module | None = None
-        if isinstance(child, nn.LayerNorm) and not isinstance(child, FusedLayerNorm) and len(child.normalized_shape) == 1:
-            fused = FusedLayerNorm(child.normalized_shape[0], child.eps, child.elementwise_affine, child.bias is not None)
-        elif isinstance(child, RMSNorm) and not isinstance(child, FusedRMSNorm) and len(child.normalized_shape) == 1:
-            fused = FusedRMSNorm(child.normalized_shape[0], child.eps, child.weight is not None)
-        if fused is None:
-            count += fuse_norms(child)
-            continue
-        fused.load_state_dict(child.state_dict())
-        reference = next(child.parameters(), None)
-        if reference is not None:
-            fused.to(device=reference.device, dtype=reference.dtype)
-        setattr(model, name, fused)
-        count += 1
-    return count
+
+    def fused(child: nn.Module) -> nn.Module | None:
+        if isinstance(child, (FusedLayerNorm, FusedRMSNorm)) or len(getattr(child, "normalized_shape", ())) != 1:
+            return None
+        if isinstance(child, nn.LayerNorm):
+            return FusedLayerNorm(child.normalized_shape[0], child.eps, child.elementwise_affine, child.bias is not None)
+        if isinstance(child, RMSNorm):
+            return FusedRMSNorm(child.normalized_shape[0], child.eps, child.weight is not None)
+        return None
+
+    return swap_modules(model, fused)
