@@ -1,6 +1,7 @@
 # `make book` and `make test` set everything up themselves in .venv: python3 (3.10+),
-# make and git are all a machine needs. Re-running reinstalls nothing that is current: the
-# install is stamped with a hash of requirements.txt and pyproject.toml.
+# make and git are all a machine needs, and `make test` also needs Chromium for its browser
+# check (installed from Debian's packages when missing). Re-running reinstalls nothing that is
+# current: the install is stamped with a hash of requirements.txt and pyproject.toml.
 
 SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -10,6 +11,11 @@ BIN := $(VENV)/bin
 HASH := $(shell cat requirements.txt pyproject.toml | $(PYTHON) -c "import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest()[:16])")
 STAMP := $(VENV)/.installed-$(HASH)
 LOGS := _build/test-logs
+# Seconds per notebook under nbval; book/reproducibility.md includes this file.
+TIMES := $(LOGS)/notebook-times.md
+# The browser that tests/browser_check.py drives (`make test CHROMIUM=/path/to/chromium`).
+export CHROMIUM ?= /usr/bin/chromium
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 # nbval: re-execute every notebook in this environment, two notebooks at a time (loadscope
 # keeps each notebook's cells on one worker, in order).
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg -n 2 --dist loadscope
@@ -30,17 +36,26 @@ $(STAMP):
 	rm -f $(VENV)/.installed-*
 	touch $@
 
+$(CHROMIUM):
+	@command -v apt-get >/dev/null || { echo "$(CHROMIUM) is missing and there is no apt-get: install Chromium, then run make test CHROMIUM=/path/to/chromium"; exit 1; }
+	$(SUDO) apt-get update -q
+	$(SUDO) apt-get install -y -q chromium
+
 build-book: setup
+	@test -f $(TIMES) || { mkdir -p $(LOGS); echo "*This build ran without \`make test\`, which measures these times: run it to fill this table.*" > $(TIMES); }
 	$(BIN)/jupyter-book build . $(JB_FLAGS)
 
-test: setup
+test: setup $(CHROMIUM)
 	@mkdir -p $(LOGS)
 	$(BIN)/python -m pytest -n 2 tests 2>&1 | tee $(LOGS)/pytest.log
-	$(BIN)/python -m pytest $(NBVAL) notebooks 2>&1 | tee $(LOGS)/nbval.log
+	$(BIN)/python -m pytest $(NBVAL) --junitxml=$(LOGS)/nbval.xml notebooks 2>&1 | tee $(LOGS)/nbval.log
+	$(BIN)/python tests/notebook_times.py $(LOGS)/nbval.xml > $(TIMES)
 	$(MAKE) --no-print-directory build-book
+	$(BIN)/python tests/browser_check.py _build/html 2>&1 | tee $(LOGS)/browser.log
 	@echo
 	@echo "pytest: $$(tail -n 1 $(LOGS)/pytest.log | tr -d '=' | sed 's/ in .*//; s/^ *//')"
 	@echo "nbval: $$(tail -n 1 $(LOGS)/nbval.log | tr -d '=' | sed 's/ in .*//; s/^ *//')"
+	@echo "$$(tail -n 1 $(LOGS)/browser.log)"
 
 clean:
 	rm -rf _build
