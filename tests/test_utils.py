@@ -106,3 +106,18 @@ def test_show_source_shows_a_triton_kernels_python():
 
     code = show_source(norm._forward).code
     assert code.startswith("@triton.jit\ndef _forward(") and "tl.store(Rstd + row, rstd)" in code
+
+
+def test_show_figure_displays_a_named_figure_and_closes_it(monkeypatch):
+    import IPython.display
+    import matplotlib.pyplot as plt
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda obj, metadata=None: shown.append((obj, metadata)))
+    fig = plotting.norm_axes_figure("sequence")
+    plotting.show_figure(fig, name="norm-axes")
+    assert shown == [(fig, {"scrapbook": {"name": "norm-axes"}})] and not plt.fignum_exists(fig.number)
+    plotting.show_figure(plotting.norm_axes_figure("image"))
+    assert shown[1][1] is None
+    with pytest.raises(ValueError, match="name must be a non-empty string"):
+        plotting.show_figure(fig, name="")

@@ -52,6 +52,18 @@ def use_style() -> None:
     mpl.rcParams.update(STYLE)
 
 
+def show_figure(fig: Figure, name: str | None = None) -> None:
+    """Display ``fig`` as a notebook output and close it. With a ``name``, the output is
+    labelled so that another page of the book can show the same figure (myst-nb's
+    ``{glue}`` directive finds it by that name)."""
+    from IPython.display import display
+
+    if name is not None and (not isinstance(name, str) or not name):
+        raise ValueError(f"name must be a non-empty string or None, got {name!r}")
+    display(fig, metadata={"scrapbook": {"name": name}} if name else None)
+    plt.close(fig)
+
+
 def _block(ax: Axes, selected: np.ndarray, depth_label: str, title: str) -> None:
     """Draw an (N, C, D) block in oblique projection, shading the ``selected`` cells."""
     n, c, d = selected.shape
