@@ -13,6 +13,14 @@ STAMP := $(VENV)/.installed-$(HASH)
 LOGS := _build/test-logs
 # Seconds per notebook under nbval; book/reproducibility.md includes this file.
 TIMES := $(LOGS)/notebook-times.md
+# nbval compares printed digits, and PyTorch, MKL and oneDNN pick their CPU kernels by the
+# instructions the CPU has; AVX-512 kernels sum in another order than the AVX2 kernels that
+# made the stored outputs. Pin all three to AVX2, which every x86-64 CPU of the last decade has,
+# so that the outputs reproduce on either kind of machine.
+export ATEN_CPU_CAPABILITY := avx2
+export MKL_ENABLE_INSTRUCTIONS := AVX2
+export ONEDNN_MAX_CPU_ISA := AVX2
+export DNNL_MAX_CPU_ISA := AVX2
 # The browser that tests/browser_check.py drives (`make test CHROMIUM=/path/to/chromium`).
 export CHROMIUM ?= /usr/bin/chromium
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
