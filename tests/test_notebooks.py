@@ -18,6 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 REPO = re.search(r"url:\s*https://github\.com/(\S+)", (ROOT / "_config.yml").read_text()).group(1)
 MEASURED = re.compile(r"(?<![\d.])\d+\.\d{3}(?!\d|\.\d)")  # a quoted result: 3 decimals
+EXERCISE = re.compile(r"^`{3,}\{exercise\}\s*\n:label: (\S+)", re.M)
+SOLUTION = re.compile(r"^`{3,}\{solution(-start)?\} (\S+)", re.M)
 LEAKS = re.compile(r"0x[0-9a-fA-F]{6,}|/home/|/root/|/tmp/|/Users/|[A-Z]:\\\\|site-packages|Traceback")
 
 
@@ -67,12 +69,46 @@ def problems(nb: dict, relpath: str) -> list[str]:
         found.append("the third cell must import, call seed_everything(...) and choose the device with default_device()")
     if "# NBVAL_" in "".join(source(c) for c in code):
         found.append("use nbval metadata tags, not '# NBVAL_' comments (comments show in the book)")
+    found += exercise_problems(cells)
     printed = "".join(output_text(out) for c in code for out in c.get("outputs", []))
     for c in cells:
         if c["cell_type"] == "markdown":
             for number in MEASURED.findall(source(c)):
                 if number not in printed:
                     found.append(f"the text quotes {number}, which no stored output prints")
+    return found
+
+
+def exercise_problems(cells: list[dict]) -> list[str]:
+    """The chapter ends with an "## Exercises" section of sphinx-exercise exercises, each with
+    one solution hidden in a dropdown; code in a solution sits in code cells between
+    ``{solution-start}`` and ``{solution-end}``, so that it runs."""
+    found = []
+    text = [source(c) if c["cell_type"] == "markdown" else "" for c in cells]
+    start = next((i for i, t in enumerate(text) if re.search(r"^## Exercises\s*$", t, re.M)), None)
+    if start is None:
+        return ["no '## Exercises' section"]
+    after = "\n".join(text[start:])
+    if re.search(r"^#{1,2} ", after.split("## Exercises", 1)[1], re.M):
+        found.append("the Exercises section must be the chapter's last section")
+    labels = EXERCISE.findall(after)
+    if len(labels) < 2:
+        found.append(f"{len(labels)} exercises ({{exercise}} blocks with a :label:) after '## Exercises'; at least 2 expected")
+    if EXERCISE.findall("\n".join(text[:start])):
+        found.append("exercises must sit in the Exercises section")
+    solved = [label for _, label in SOLUTION.findall(after)]
+    for label in labels:
+        if solved.count(label) != 1:
+            found.append(f"exercise {label} has {solved.count(label)} solutions, expected 1")
+    found += [f"a solution refers to {label}, which is no exercise here" for label in set(solved) - set(labels)]
+    gates = re.findall(r"^`{3,}\{(solution-start|solution-end)\}", after, re.M)
+    if gates != ["solution-start", "solution-end"] * (len(gates) // 2) or len(gates) % 2:
+        found.append(f"solution-start and solution-end must alternate, found {gates}")
+    for block in re.findall(r"^`{3,}\{solution(?:-start)?\}[^\n]*\n((?::\w+:.*\n)*)", after, re.M):
+        if ":class: dropdown" not in block:
+            found.append("every solution must be hidden with ':class: dropdown'")
+    if "{admonition} Solution" in after:
+        found.append("solutions use sphinx-exercise's {solution}, not an admonition")
     return found
 
 
@@ -109,6 +145,18 @@ def test_hygiene_check_catches_a_number_no_cell_printed():
     nb = copy.deepcopy(load(path))
     nb["cells"].append({"cell_type": "markdown", "metadata": {}, "source": ["BatchNorm reached 0.987."]})
     assert "the text quotes 0.987, which no stored output prints" in problems(nb, path.relative_to(ROOT).as_posix())
+
+
+def test_exercise_check_catches_a_missing_solution_and_an_open_gate():
+    md = lambda text: {"cell_type": "markdown", "metadata": {}, "source": text}
+    cells = [md("# T"), md("## Exercises\n\n```{exercise}\n:label: ex-a\n\nA.\n```\n\n```{exercise}\n:label: ex-b\n\nB.\n```"),
+             md("````{solution-start} ex-a\n:class: dropdown\n````"), {"cell_type": "code", "source": "1"}]
+    assert exercise_problems(cells) == [
+        "exercise ex-b has 0 solutions, expected 1",
+        "solution-start and solution-end must alternate, found ['solution-start']"]
+    cells.append(md("````{solution-end}\n````\n```{solution} ex-b\n\nshown\n```"))
+    assert exercise_problems(cells) == ["every solution must be hidden with ':class: dropdown'"]
+    assert exercise_problems(cells[:1]) == ["no '## Exercises' section"]
 
 
 def test_hygiene_check_catches_leaks_order_and_a_wrong_badge():
