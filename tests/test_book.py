@@ -51,6 +51,7 @@ def test_every_entry_can_be_found(key):
 def test_the_landing_page_links_every_chapter():
     intro = (ROOT / "book" / "intro.md").read_text()
     assert [p.name for p in NOTEBOOKS if f"(../notebooks/{p.name})" not in intro] == []
+    assert re.search(r"```\{glue\} \S+\n:doc: \.\./notebooks/\S+\.ipynb\n```", intro), "the landing page shows a figure from a chapter"
 
 
 def test_the_reproducibility_page_includes_the_measured_times():
