@@ -1,4 +1,4 @@
-"""RMSNorm, DyT, the character corpus, TinyGPT and the language-model training loop."""
+"""RMSNorm, DyT, the character corpus, TinyGPT, TinyViT and the language-model training loop."""
 
 import numpy as np
 import pytest
@@ -6,7 +6,7 @@ import torch
 
 from lnbook import data, reference, train
 from lnbook.norms import DyT, RMSNorm
-from lnbook.transformer import Block, GPTConfig, TinyGPT, block_grad_norms
+from lnbook.transformer import Block, GPTConfig, TinyGPT, TinyViT, block_grad_norms
 
 VOCAB = 11
 
@@ -206,3 +206,55 @@ def test_fit_lm_learns_is_deterministic_and_warms_up():
         run(warmup=-1)
     with pytest.raises(TypeError, match="train_ids must be a 1-D int64"):
         train.fit_lm(None, c.train.float(), c.val, steps=1, lr=1.0, batch_size=1, block_size=4, seed=0)
+
+
+def test_without_the_causal_mask_every_token_sees_every_other():
+    cfg = dict(vocab_size=10, block_size=6, n_layer=1, n_head=2, d_model=8)
+    x = torch.randn(2, 6, 8)
+    later = x.clone()
+    later[:, -1] += torch.randn(2, 8)  # change only the last token
+    for causal, first_moves in ((True, False), (False, True)):
+        torch.manual_seed(0)
+        block = Block(GPTConfig(**cfg, causal=causal))
+        moved = (block(x)[:, 0] - block(later)[:, 0]).abs().max().item()
+        assert (moved > 1e-3) == first_moves, (causal, moved)
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        GPTConfig(**cfg, causal=1)
+
+
+def test_vit_cuts_patches_in_reading_order_and_checks_its_input():
+    vit = TinyViT(image_size=8, patch_size=4)
+    images = torch.arange(2 * 64, dtype=torch.float32).reshape(2, 8, 8)
+    patches = vit.patches(images)
+    assert patches.shape == (2, 4, 16)
+    assert torch.equal(patches[0, 1], images[0, :4, 4:].reshape(16))  # top right
+    assert torch.equal(patches[1, 2], images[1, 4:, :4].reshape(16))  # bottom left
+    assert vit(images).shape == (2, 10)
+    with pytest.raises(ValueError, match=r"images must be a tensor of shape \(B, 8, 8\)"):
+        vit(images.reshape(2, 64))
+    with pytest.raises(ValueError, match=r"patch_size \(3\) must divide image_size \(8\)"):
+        TinyViT(patch_size=3)
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "batchnorm"])
+def test_vit_batch_independence_in_training_depends_on_the_norm(norm):
+    torch.manual_seed(0)
+    vit = TinyViT(norm=norm).train()
+    images = torch.rand(6, 8, 8)
+    alone = vit(images[:3])
+    together = vit(torch.cat([images[:3], torch.rand(3, 8, 8) * 5]))[:3]
+    gap = (alone - together).abs().max().item()
+    assert (gap < 1e-5) if norm == "layernorm" else (gap > 1e-2)
+
+
+def test_vit_learns_digits():
+    train_set, test_set = data.digits_sequences("row")
+    torch.manual_seed(0)
+    vit = TinyViT(d_model=16, n_layer=1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # small matrices: one thread is several times faster beside another test process
+    try:
+        history = train.fit(vit, train_set, test_set, epochs=4, lr=3e-3, batch_size=32, seed=0)
+    finally:
+        torch.set_num_threads(threads)
+    assert history.test_acc[-1] > 0.5  # chance is 0.1

@@ -1,10 +1,11 @@
-"""A small GPT-style decoder whose normalization and its position are settings.
+"""Small Transformers whose normalization and its position are settings.
 
 ``TinyGPT(GPTConfig(...))`` maps token ids ``(B, T)`` to next-token logits ``(B, T, vocab)``.
 Each block is attention then an MLP, each wrapped in a residual connection, with the norm
 either before the sublayer (Pre-LN, ``x + f(norm(x))``) or after the residual sum (Post-LN,
 ``norm(x + f(x))``). An optional ``mask (B, T)`` marks the real tokens of a right-padded
 batch: padding is never attended to, so it changes no real token's output.
+``TinyViT`` classifies images with the same blocks, without the causal mask, over patches.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ class GPTConfig:
     ``norm``: ``"layernorm"`` (torch's fused LayerNorm), ``"rmsnorm"``, ``"dyt"`` (Dynamic
     Tanh), ``"none"``, or ``"batchnorm"`` (statistics over the real tokens of the whole batch,
     to show why Transformers do not use it). ``norm_position``: ``"pre"`` or ``"post"``.
-    ``final_norm``: one more norm after the last block (GPT-2's ``ln_f``).
+    ``final_norm``: one more norm after the last block (GPT-2's ``ln_f``). ``causal``: each
+    token attends to itself and the tokens before it (a decoder); ``False``: to every token
+    (an encoder, as over an image's patches).
     """
 
     vocab_size: int
@@ -42,6 +45,7 @@ class GPTConfig:
     norm: str = "layernorm"
     norm_position: str = "pre"
     final_norm: bool = True
+    causal: bool = True
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "d_model"):
@@ -54,8 +58,9 @@ class GPTConfig:
             raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
         if self.norm_position not in POSITIONS:
             raise ValueError(f"norm_position must be one of {POSITIONS}, got {self.norm_position!r}")
-        if not isinstance(self.final_norm, bool):
-            raise TypeError(f"final_norm must be a bool, got {type(self.final_norm).__name__}")
+        for name in ("final_norm", "causal"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
 
 
 class Norm(nn.Module):
@@ -76,12 +81,13 @@ class Norm(nn.Module):
         return self.norm(x, mask) if self.kind == "batchnorm" else self.norm(x)
 
 
-class CausalSelfAttention(nn.Module):
-    """Multi-head attention in which each token sees itself, the tokens before it, and no padding."""
+class SelfAttention(nn.Module):
+    """Multi-head attention in which each token sees no padding and, if ``cfg.causal``, only
+    itself and the tokens before it."""
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
-        self.n_head = cfg.n_head
+        self.n_head, self.causal = cfg.n_head, cfg.causal
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.dropout = cfg.dropout
@@ -89,11 +95,13 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = (z.view(b, t, self.n_head, d // self.n_head).transpose(1, 2) for z in self.qkv(x).split(d, dim=2))
-        allowed = None  # without padding, the causal mask alone (is_causal)
-        if mask is not None:  # causal and key padding: (B, 1, T, T), True where attention is allowed
-            allowed = torch.ones(t, t, dtype=torch.bool, device=x.device).tril() & mask[:, None, None, :]
+        allowed = None  # without padding, the causal mask alone (is_causal) or nothing
+        if mask is not None:  # key padding (and causal): (B, 1, T, T), True where attention is allowed
+            allowed = mask[:, None, None, :]
+            if self.causal:
+                allowed = torch.ones(t, t, dtype=torch.bool, device=x.device).tril() & allowed
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=allowed, is_causal=mask is None, dropout_p=self.dropout if self.training else 0.0
+            q, k, v, attn_mask=allowed, is_causal=self.causal and mask is None, dropout_p=self.dropout if self.training else 0.0
         )
         return self.proj(y.transpose(1, 2).reshape(b, t, d))
 
@@ -105,7 +113,7 @@ class Block(nn.Module):
         super().__init__()
         self.pre = cfg.norm_position == "pre"
         self.norm1, self.norm2 = Norm(cfg.norm, cfg.d_model), Norm(cfg.norm, cfg.d_model)
-        self.attn = CausalSelfAttention(cfg)
+        self.attn = SelfAttention(cfg)
         self.mlp = nn.Sequential(
             nn.Linear(cfg.d_model, 4 * cfg.d_model), nn.GELU(), nn.Linear(4 * cfg.d_model, cfg.d_model), nn.Dropout(cfg.dropout)
         )
@@ -180,6 +188,58 @@ class TinyGPT(nn.Module):
             idx = torch.cat([idx, torch.multinomial(logits.softmax(-1), 1, generator=generator)], dim=1)
         self.train(was_training)
         return idx
+
+
+class TinyViT(nn.Module):
+    """A vision Transformer: an image cut into square patches, each a token, through
+    :class:`Block` layers without the causal mask; mean over the patches, then a linear head.
+
+    ``forward(images (B, H, W)) -> logits (B, n_classes)`` for one-channel images of
+    ``image_size`` x ``image_size`` pixels; ``patch_size`` must divide ``image_size``. ``norm``
+    and ``norm_position`` are :class:`GPTConfig`'s; ``"batchnorm"`` takes its statistics over
+    every patch of every image in the batch.
+    """
+
+    def __init__(
+        self,
+        image_size: int = 8,
+        patch_size: int = 2,
+        n_classes: int = 10,
+        n_layer: int = 2,
+        n_head: int = 4,
+        d_model: int = 32,
+        norm: str = "layernorm",
+        norm_position: str = "pre",
+    ) -> None:
+        super().__init__()
+        check_positive_int(image_size, "image_size")
+        check_positive_int(patch_size, "patch_size")
+        if image_size % patch_size:
+            raise ValueError(f"patch_size ({patch_size}) must divide image_size ({image_size})")
+        self.image_size, self.patch_size = image_size, patch_size
+        n_patches = (image_size // patch_size) ** 2
+        self.cfg = GPTConfig(n_classes, n_patches, n_layer, n_head, d_model, norm=norm,
+                             norm_position=norm_position, final_norm=norm_position == "pre", causal=False)
+        self.embed = nn.Linear(patch_size**2, d_model)
+        self.pos = nn.Parameter(torch.zeros(n_patches, d_model))
+        nn.init.normal_(self.pos, 0.0, 0.02)
+        self.blocks = nn.ModuleList(Block(self.cfg) for _ in range(n_layer))
+        self.norm_f = Norm(self.cfg.norm if self.cfg.final_norm else "none", d_model)
+        self.head = nn.Linear(d_model, n_classes)
+
+    def patches(self, images: torch.Tensor) -> torch.Tensor:
+        """``(B, H, W) -> (B, patches, patch_size**2)``, patches in reading order."""
+        size = self.image_size
+        if not isinstance(images, torch.Tensor) or images.ndim != 3 or images.shape[1:] != (size, size):
+            raise ValueError(f"images must be a tensor of shape (B, {size}, {size}), got {getattr(images, 'shape', type(images))}")
+        p = self.patch_size
+        return images.unfold(1, p, p).unfold(2, p, p).reshape(len(images), -1, p * p)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = self.embed(self.patches(images)) + self.pos
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm_f(x, None).mean(dim=1))
 
 
 def block_grad_norms(model: TinyGPT, idx: torch.Tensor, targets: torch.Tensor) -> list[float]:
