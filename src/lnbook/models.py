@@ -3,21 +3,45 @@
 Norm names: ``"none"``; ``"layer"`` (:class:`~lnbook.norms.LayerNorm`, per position);
 ``"batch"`` (:class:`~lnbook.norms.MaskedBatchNorm1d`, told which steps are padding);
 ``"batch_unmasked"`` (the same, counting padding as data); and, in the recurrent cell,
-``"batch_per_step"`` (:class:`~lnbook.norms.TimeStepBatchNorm`).
+``"batch_per_step"`` (:class:`~lnbook.norms.TimeStepBatchNorm`). The MLP, and the cells of
+:mod:`lnbook.rnn`, also take the norms that chapter 08 compares, each over one example's
+features: ``"group4"`` (``torch.nn.GroupNorm`` with 4 groups of consecutive features; over
+an LSTM cell's gate pre-activations, one group per gate), ``"rms"``
+(:class:`~lnbook.norms.RMSNorm`), ``"dyt"`` (:class:`~lnbook.norms.DyT`), ``"detach"``
+(:class:`~lnbook.norms.DetachNorm`), ``"adanorm"`` (:class:`~lnbook.norms.AdaNorm`) and
+``"weight"`` (weight normalization of the layers that feed the norm, and no norm layer).
+``"instance"`` is refused, with the reason.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
-from .norms import LayerNorm, MaskedBatchNorm1d, TimeStepBatchNorm
+from .norms import AdaNorm, DetachNorm, DyT, LayerNorm, MaskedBatchNorm1d, RMSNorm, TimeStepBatchNorm
+
+INSTANCE_REFUSED = (
+    "norm='instance' has nothing to normalize over in a hidden vector (B, H): InstanceNorm "
+    "normalizes each feature over the spatial positions of one example, and here each "
+    "feature has a single value, so (x - mean) is 0 and the output is the bias for every "
+    "input (torch.nn.InstanceNorm1d on (B, H, 1) raises; GroupNorm(H, H) returns the bias)"
+)
 
 
 def _check_choice(value: str, choices: tuple[str, ...], name: str) -> str:
     if value not in choices:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
     return value
+
+
+def _check_norm(norm: str, choices: tuple[str, ...]) -> str:
+    """``_check_choice`` for a norm name, explaining why ``"instance"`` is not one."""
+    if norm == "instance":
+        raise ValueError(INSTANCE_REFUSED)
+    return _check_choice(norm, choices, "norm")
 
 
 def _norm_layer(kind: str, size: int, max_steps: int | None = None) -> nn.Module:
@@ -28,26 +52,66 @@ def _norm_layer(kind: str, size: int, max_steps: int | None = None) -> nn.Module
         return MaskedBatchNorm1d(size)
     if kind == "batch_per_step":
         return TimeStepBatchNorm(size, max_steps)
+    if kind == "group4":
+        return nn.GroupNorm(4, size)
+    if kind == "rms":
+        return RMSNorm(size)
+    if kind == "dyt":
+        return DyT(size)
+    if kind == "detach":
+        return DetachNorm(size)
+    if kind == "adanorm":
+        return AdaNorm(size)
     return nn.Identity()
 
 
-class MLP(nn.Module):
+def _rebuild(cls: type, args: tuple, kwargs: dict, state: dict, training: bool) -> nn.Module:
+    """``cls(*args, **kwargs)`` with ``state`` loaded and the training flag set: an unpickled copy."""
+    model = cls(*args, **kwargs)
+    model.load_state_dict(state)
+    return model.train(training)
+
+
+class _PicklesWithParametrizations:
+    """Mixin for a module that keeps its constructor arguments in ``self.init_args``
+    (``(args, kwargs)``). Torch refuses to pickle a module with parametrizations (weight
+    normalization), yet :func:`lnbook.train.fit_many` sends models to worker processes and
+    back; such a module pickles as its class, constructor arguments and state dict instead.
+    Modules without parametrizations pickle as usual."""
+
+    init_args: tuple[tuple, dict[str, Any]]
+
+    def __reduce_ex__(self, protocol: int) -> str | tuple:
+        if not any(parametrize.is_parametrized(m) for m in self.modules()):
+            return super().__reduce_ex__(protocol)
+        cls = parametrize.type_before_parametrizations(self)
+        return _rebuild, (cls, *self.init_args, self.state_dict(), self.training)
+
+
+class MLP(_PicklesWithParametrizations, nn.Module):
     """Flatten, then ``[Linear -> norm -> ReLU] * len(hidden) -> Linear``.
 
     Input ``(B, ...)`` with ``in_features`` numbers per example; output logits ``(B, n_classes)``.
-    ``norm``: ``"none"``, ``"batch"`` (BatchNorm over the batch) or ``"layer"``.
+    ``norm``: ``"none"``, ``"batch"`` (BatchNorm over the batch), ``"layer"``, or one of the
+    norms over an example's features in the module docstring (``"group4"``, ``"rms"``,
+    ``"dyt"``, ``"detach"``, ``"adanorm"``); ``"weight"``: no norm layer, the hidden Linear
+    layers weight-normalized (``torch.nn.utils.parametrizations.weight_norm``, one gain per
+    output feature, initialized to leave the layer unchanged), the output layer not.
     """
 
-    NORMS = ("none", "batch", "layer")
+    NORMS = ("none", "batch", "layer", "group4", "weight", "rms", "dyt", "detach", "adanorm")
 
     def __init__(self, in_features: int, hidden: tuple[int, ...], n_classes: int, norm: str = "none") -> None:
         super().__init__()
-        self.norm = _check_choice(norm, self.NORMS, "norm")
+        self.norm = _check_norm(norm, self.NORMS)
+        self.init_args = ((in_features, hidden, n_classes, norm), {})
         layers: list[nn.Module] = [nn.Flatten()]
         width = in_features
         for h in hidden:
             layers.append(nn.Linear(width, h))
-            if norm != "none":
+            if norm == "weight":
+                nn.utils.parametrizations.weight_norm(layers[-1])
+            elif norm != "none":
                 layers.append(_norm_layer(norm, h))
             layers.append(nn.ReLU())
             width = h

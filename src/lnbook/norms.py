@@ -1,4 +1,5 @@
-"""Normalization layers as ``torch.nn.Module``s: LayerNorm, RMSNorm, DyT, and the batch norms Part I measures."""
+"""Normalization layers as ``torch.nn.Module``s: LayerNorm, RMSNorm, DyT, DetachNorm, AdaNorm,
+and the batch norms Part I measures."""
 
 from __future__ import annotations
 
@@ -112,6 +113,74 @@ class DyT(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, alpha={self.alpha.item():.3g}"
+
+
+class DetachNorm(nn.Module):
+    """DetachNorm (Xu et al., 2019): LayerNorm whose mean and standard deviation are constants
+    in the backward pass.
+
+    The forward pass is LayerNorm's, ``y = weight * (x - mean) / sqrt(var + eps) + bias`` over
+    the trailing ``normalized_shape`` elements (biased variance), but the statistics are
+    computed from ``x.detach()``, so the gradient is only the first term of LayerNorm's:
+    ``dL/dx = rstd * weight * dL/dy``. Xu et al. use it without gain and bias
+    (``elementwise_affine=False``), and their code divides by the unbiased standard deviation
+    plus eps. Statistics are computed in float32 for float16 and bfloat16 inputs.
+    Shapes: input ``(*, *normalized_shape)``, output the same.
+    """
+
+    def __init__(self, normalized_shape: int | Sequence[int], eps: float = 1e-5, elementwise_affine: bool = True) -> None:
+        super().__init__()
+        self.normalized_shape = check_normalized_shape(normalized_shape)
+        self.eps = check_eps(eps)
+        self.weight = nn.Parameter(torch.ones(self.normalized_shape)) if elementwise_affine else None
+        self.bias = nn.Parameter(torch.zeros(self.normalized_shape)) if elementwise_affine else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_float_tensor(x, "x")
+        check_trailing(tuple(x.shape), self.normalized_shape)
+        dims = tuple(range(-len(self.normalized_shape), 0))
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        var, mean = torch.var_mean(xf.detach(), dim=dims, correction=0, keepdim=True)
+        y = (xf - mean) * torch.rsqrt(var + self.eps)
+        if self.weight is not None:
+            y = y * self.weight + self.bias
+        return y.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.weight is not None}"
+
+
+class AdaNorm(nn.Module):
+    """AdaNorm (Xu et al., 2019): LayerNorm with its gain and bias replaced by an adaptive scale.
+
+    ``z = phi(y) * y`` with ``phi(y) = C * (1 - k * y)``, where ``y = (x - mean) / sqrt(var + eps)``
+    is LayerNorm's output without gain or bias, over the trailing ``normalized_shape`` elements.
+    ``phi(y)`` is detached: a constant in the backward pass, so ``dL/dx`` is LayerNorm's
+    backward applied to ``phi(y) * dL/dz``, while ``y`` keeps the gradients of the mean and
+    variance. No learnable parameters. ``phi`` averages ``C`` over a row (y has mean 0) and is
+    positive while ``|y| < 1/k``. Xu et al. take ``k = 1/10`` and treat ``C`` as a
+    hyperparameter (their IWSLT script uses 2); their code divides by the unbiased standard
+    deviation plus eps. Shapes: input ``(*, *normalized_shape)``, output the same.
+    """
+
+    def __init__(self, normalized_shape: int | Sequence[int], k: float = 0.1, C: float = 1.0, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.normalized_shape = check_normalized_shape(normalized_shape)
+        if isinstance(k, bool) or not isinstance(k, (int, float)) or not (math.isfinite(k) and k >= 0):
+            raise ValueError(f"k must be a finite number >= 0, got {k!r}")
+        if isinstance(C, bool) or not isinstance(C, (int, float)) or not (math.isfinite(C) and C > 0):
+            raise ValueError(f"C must be a finite number > 0, got {C!r}")
+        self.k, self.C = float(k), float(C)
+        self.eps = check_eps(eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_float_tensor(x, "x")
+        check_trailing(tuple(x.shape), self.normalized_shape)
+        y = nn.functional.layer_norm(x, self.normalized_shape, eps=self.eps)
+        return self.C * (1 - self.k * y.detach()) * y
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, k={self.k}, C={self.C}, eps={self.eps}"
 
 
 def _check_mask(mask: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:

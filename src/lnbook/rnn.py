@@ -5,7 +5,10 @@ swaps in the book's own) goes where Ba et al. (2016) put it: separately on the i
 term ``W_x x`` and the hidden-to-hidden term ``W_h h`` (over all gates together), and, in
 the LSTM, on the cell state before the output ``tanh``. Batch normalization goes in the same
 places with one set of statistics per time step and gains initialized to 0.1, as Cooijmans
-et al. (2017) recommend. Constructor flags switch each placement on or off.
+et al. (2017) recommend. Constructor flags switch each placement on or off. The other norms
+of :mod:`lnbook.models` (``"group4"``, ``"rms"``, ``"dyt"``, ``"detach"``, ``"adanorm"``) go
+in the same places; ``"weight"`` weight-normalizes ``weight_ih`` (for the input term) and
+``weight_hh`` (for the hidden term) instead, with no norm layer.
 
 Parameter names follow ``torch.nn.LSTMCell`` / ``torch.nn.GRUCell`` (``weight_ih``,
 ``weight_hh``, ``bias_ih``, ``bias_hh``, gates in PyTorch's order), so weights copy over.
@@ -19,12 +22,13 @@ import torch
 from torch import nn
 
 from ._checks import check_positive_int
+from .models import _check_norm, _norm_layer, _PicklesWithParametrizations
 from .norms import TimeStepBatchNorm
 
-NORMS = ("none", "layer", "batch")
+NORMS = ("none", "layer", "batch", "group4", "weight", "rms", "dyt", "detach", "adanorm")
 
 
-class _NormedCell(nn.Module):
+class _NormedCell(_PicklesWithParametrizations, nn.Module):
     """Weights, initialization and the three optional norms shared by the LSTM and GRU cells."""
 
     GATES = 1
@@ -44,8 +48,7 @@ class _NormedCell(nn.Module):
         super().__init__()
         self.input_size = check_positive_int(input_size, "input_size")
         self.hidden_size = check_positive_int(hidden_size, "hidden_size")
-        if norm not in NORMS:
-            raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+        _check_norm(norm, NORMS)
         if norm == "batch" and max_steps is None:
             raise ValueError("norm='batch' needs max_steps: BatchNorm keeps statistics per time step")
         self.norm = norm
@@ -57,12 +60,20 @@ class _NormedCell(nn.Module):
         bound = 1 / math.sqrt(hidden_size)  # torch.nn.LSTMCell's initialization
         for p in self.parameters():
             nn.init.uniform_(p, -bound, bound)
+        if norm == "weight":  # instead of a norm on a term, its weights: one gain per row, = ||row|| at first
+            for name, on in (("weight_ih", norm_input), ("weight_hh", norm_hidden)):
+                if on:
+                    nn.utils.parametrizations.weight_norm(self, name)
+        placements = dict(norm_input=norm_input, norm_hidden=norm_hidden, norm_cell=norm_cell)
+        self.init_args = ((input_size, hidden_size, norm), dict(placements, max_steps=max_steps, bn_gain=bn_gain))
 
         def make(on: bool, size: int) -> nn.Module | None:
-            if norm == "none" or not on:
+            if norm in ("none", "weight") or not on:
                 return None
             if norm == "layer":
                 return nn.LayerNorm(size)  # torch's fused kernel: one launch per call
+            if norm != "batch":
+                return _norm_layer(norm, size)
             bn = TimeStepBatchNorm(size, max_steps)
             nn.init.constant_(bn.weight, bn_gain)
             nn.init.zeros_(bn.bias)  # the cell's own biases do the shifting
@@ -89,8 +100,9 @@ class _NormedCell(nn.Module):
 class LSTMCell(_NormedCell):
     """LSTM cell (Hochreiter & Schmidhuber, 1997) with optional normalization.
 
-    ``norm``: ``"none"`` (exactly ``torch.nn.LSTMCell``), ``"layer"`` or ``"batch"``;
-    ``norm_input``, ``norm_hidden``, ``norm_cell`` select the placements.
+    ``norm``: ``"none"`` (exactly ``torch.nn.LSTMCell``), ``"layer"``, ``"batch"`` or one of
+    chapter 08's (module docstring); ``norm_input``, ``norm_hidden``, ``norm_cell`` select
+    the placements.
     Call ``cell(x, (h, c), t, mask)`` with ``x (B, input_size)``, ``h, c (B, hidden_size)``,
     the step ``t`` (per-step statistics) and an optional ``(B,)`` mask of real sequences;
     returns ``(h, c)``.
