@@ -3,8 +3,10 @@
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
-from lnbook import reference
+from lnbook import bench, data, graphs, models, norms, parallel, plotting, reference, rl, rnn, train, transformer, utils
+from lnbook._checks import describe
 from lnbook.functional import layer_norm
 from lnbook.norms import LayerNorm
 from lnbook.utils import seed_everything, show_source
@@ -142,3 +144,118 @@ def test_positive_int_check_is_shared(value):
         TimeStepBatchNorm(3, value)
     with pytest.raises(ValueError, match="n must be a positive int"):
         adding_problem(value, 4)
+
+
+# error messages describe tensors and arrays by type, shape and dtype, and never dump long values
+BIG = torch.randn(1000)  # torch and NumPy print up to 1000 elements in full
+BIG_ARRAY = np.random.default_rng(0).standard_normal(1000)
+
+
+def test_describe():
+    assert describe(torch.ones(256)) == "Tensor of shape (256,) and dtype torch.float32"
+    assert describe(np.zeros((2, 4))) == "ndarray of shape (2, 4) and dtype float64"
+    assert describe(torch.tensor(1.5)) == "Tensor of shape () and dtype torch.float32"
+    assert describe(np.float64(-1.0)) == repr(np.float64(-1.0))  # a NumPy scalar is a number
+    assert [describe(v) for v in (0.5, "row", (2, 4), None)] == ["0.5", "'row'", "(2, 4)", "None"]
+    assert describe(list(range(1000))) == "list [0, 1, 2, 3, 4, 5, ...]"
+    text = describe("x" * 10_000)
+    assert text.startswith("str 'xxx") and len(text) < 80
+
+
+def assert_no_dump(message: str, name: str) -> None:
+    assert name in message
+    assert "tensor(" not in message and "array(" not in message and len(message) < 300, message
+
+
+def test_weight_passed_as_normalized_shape():
+    with pytest.raises(TypeError, match="normalized_shape") as info:
+        layer_norm(torch.randn(4, 256), torch.randn(256), torch.randn(256))
+    assert "(256,)" in str(info.value)
+    assert_no_dump(str(info.value), "normalized_shape")
+
+
+def _kernel_max_block():
+    kernels = pytest.importorskip("lnbook.kernels")
+    kernels.layer_norm(torch.randn(2, 4), torch.ones(4), max_block=torch.tensor([1000]))
+
+
+def _fused_layer_norm_shape():
+    pytest.importorskip("lnbook.kernels").FusedLayerNorm(np.ones(1000, dtype=np.int64))
+
+
+CLASSES = (torch.randn(8, 3), torch.zeros(8, dtype=torch.int64))
+TOKENS = torch.zeros(20, dtype=torch.int64)
+GPT = dict(vocab_size=10, block_size=8, n_layer=1, n_head=2, d_model=8)
+
+
+@pytest.mark.parametrize(
+    "call, error, name",
+    [
+        pytest.param(lambda: layer_norm(X, BIG), TypeError, "normalized_shape", id="functional.normalized_shape"),
+        pytest.param(lambda: layer_norm(X, 4, eps=BIG), TypeError, "eps", id="functional.eps"),
+        pytest.param(lambda: norms.LayerNorm(BIG_ARRAY), TypeError, "normalized_shape", id="norms.LayerNorm"),
+        pytest.param(lambda: norms.DyT(4, alpha_init=BIG), ValueError, "alpha_init", id="norms.DyT"),
+        pytest.param(lambda: norms.AdaNorm(4, C=BIG), ValueError, "C must", id="norms.AdaNorm"),
+        pytest.param(lambda: norms.MaskedBatchNorm1d(4, momentum=BIG), ValueError, "momentum", id="norms.momentum"),
+        pytest.param(lambda: norms.TimeStepBatchNorm(4, BIG_ARRAY), ValueError, "max_steps", id="norms.max_steps"),
+        pytest.param(lambda: norms.TimeStepBatchNorm(4, 3)(torch.randn(2, 4), BIG), ValueError, "t must", id="norms.t"),
+        pytest.param(lambda: reference.round_to(ONES, BIG), ValueError, "precision", id="reference.round_to"),
+        pytest.param(lambda: reference.variance(ONES, method=BIG), ValueError, "method", id="reference.variance"),
+        pytest.param(lambda: reference.layernorm_variant(ONES, eps=BIG_ARRAY), TypeError, "eps", id="reference.eps"),
+        pytest.param(lambda: data.adding_problem(4, BIG), ValueError, "length", id="data.length"),
+        pytest.param(lambda: data.adding_problem(BIG_ARRAY, 4), ValueError, "n must", id="data.n"),
+        pytest.param(lambda: data.digits_sequences(BIG), ValueError, "order", id="data.order"),
+        pytest.param(lambda: data.variable_length(BIG, 3), ValueError, "min_repeat", id="data.variable_length"),
+        pytest.param(lambda: data.char_corpus(BIG), ValueError, "val_fraction", id="data.char_corpus"),
+        pytest.param(
+            lambda: data.CharCorpus(TOKENS, TOKENS, "ab").encode("".join(map(chr, range(0x4E00, 0x5200)))),
+            ValueError, "vocabulary", id="data.encode",
+        ),
+        pytest.param(lambda: train.fit(nn.Linear(3, 2), CLASSES, CLASSES, epochs=1, lr=BIG, batch_size=4, seed=0),
+                     ValueError, "lr", id="train.fit.lr"),
+        pytest.param(lambda: train.fit(nn.Linear(3, 2), CLASSES, CLASSES, epochs=1, lr=0.1, batch_size=4, seed=0,
+                                       optimizer=BIG), ValueError, "optimizer", id="train.fit.optimizer"),
+        pytest.param(lambda: train.fit_lm(nn.Linear(3, 2), TOKENS, TOKENS, steps=1, lr=0.1, batch_size=2, block_size=4,
+                                          seed=0, warmup=BIG), ValueError, "warmup", id="train.fit_lm"),
+        pytest.param(lambda: models.MLP(4, (8,), 3, norm=BIG), ValueError, "norm", id="models.MLP"),
+        pytest.param(lambda: models.RNNClassifier(3, 4, 2, "batch_per_step", max_steps=BIG), ValueError, "max_steps",
+                     id="models.RNNClassifier"),
+        pytest.param(lambda: rnn.LSTMCell(3, BIG), ValueError, "hidden_size", id="rnn.LSTMCell"),
+        pytest.param(lambda: rnn.GRUCell(3, 4)(torch.randn(2, 3), torch.zeros(2, 4), BIG), ValueError, "t must",
+                     id="rnn.GRUCell.t"),
+        pytest.param(lambda: rnn.SequenceClassifier(rnn.GRUCell(3, 4), BIG), ValueError, "n_classes",
+                     id="rnn.SequenceClassifier"),
+        pytest.param(lambda: transformer.GPTConfig(BIG, 8), ValueError, "vocab_size", id="transformer.vocab_size"),
+        pytest.param(lambda: transformer.GPTConfig(10, 8, dropout=BIG), ValueError, "dropout", id="transformer.dropout"),
+        pytest.param(lambda: transformer.GPTConfig(10, 8, norm=BIG), ValueError, "norm", id="transformer.norm"),
+        pytest.param(lambda: transformer.GPTConfig(10, 8, causal=BIG), TypeError, "causal", id="transformer.causal"),
+        pytest.param(lambda: transformer.TinyGPT(transformer.GPTConfig(**GPT))(BIG), ValueError, "idx",
+                     id="transformer.TinyGPT.idx"),
+        pytest.param(lambda: transformer.TinyGPT(transformer.GPTConfig(**GPT)).generate(TOKENS[None, :2], 1, BIG),
+                     ValueError, "temperature", id="transformer.generate"),
+        pytest.param(lambda: transformer.TinyViT().patches(BIG_ARRAY), ValueError, "images", id="transformer.TinyViT"),
+        pytest.param(lambda: graphs.random_graphs(2, BIG, 10, 0), ValueError, "min_nodes", id="graphs.min_nodes"),
+        pytest.param(lambda: graphs.random_graphs(2, 3, 10, 0, BIG), ValueError, "mean_degree", id="graphs.mean_degree"),
+        pytest.param(lambda: graphs.GraphNet(BIG, 8, 1), ValueError, "in_features", id="graphs.GraphNet"),
+        pytest.param(lambda: graphs.GraphNet(3, 8, 1, norm=BIG), ValueError, "norm", id="graphs.norm"),
+        pytest.param(lambda: rl.RandomWalk(gamma=BIG), ValueError, "gamma", id="rl.gamma"),
+        pytest.param(lambda: rl.RandomWalk(features=BIG_ARRAY), ValueError, "features", id="rl.features"),
+        pytest.param(lambda: rl.td_learn(nn.Linear(8, 1), chain=rl.RandomWalk(), steps=10, lr=BIG, seed=0),
+                     ValueError, "lr", id="rl.td_learn"),
+        pytest.param(lambda: rl.td_learn(nn.Linear(8, 1), chain=rl.RandomWalk(), steps=10, lr=0.1, seed=0, batch=BIG),
+                     ValueError, "batch must", id="rl.batch"),
+        pytest.param(lambda: bench.median_times({}, warmup=BIG), ValueError, "warmup", id="bench.median_times"),
+        pytest.param(lambda: bench.layernorm_traffic(4, 4, BIG), ValueError, "element_size", id="bench.traffic"),
+        pytest.param(lambda: utils.seed_everything(BIG), TypeError, "seed", id="utils.seed_everything"),
+        pytest.param(lambda: utils.spread(np.ones((1000, 2))), ValueError, "values", id="utils.spread"),
+        pytest.param(lambda: plotting.norm_axes_figure(BIG), ValueError, "kind", id="plotting.kind"),
+        pytest.param(lambda: plotting.residual_block_diagram(None, BIG), ValueError, "position", id="plotting.position"),
+        pytest.param(lambda: parallel.data_parallel_run(world_size=BIG), ValueError, "world_size", id="parallel"),
+        pytest.param(_kernel_max_block, ValueError, "max_block", id="kernels.max_block"),
+        pytest.param(_fused_layer_norm_shape, ValueError, "normalized_shape", id="kernels.FusedLayerNorm"),
+    ],
+)
+def test_large_values_are_described_not_dumped(call, error, name):
+    with pytest.raises(error) as info:
+        call()
+    assert_no_dump(str(info.value), name)

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ._checks import check_positive_int
+from ._checks import check_positive_int, describe
 
 
 class _OpRecorder(TorchDispatchMode):
@@ -53,7 +53,7 @@ def median_times(fns: Mapping[str, Callable[[], object]], repeat: int = 20, warm
     """
     check_positive_int(repeat, "repeat")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be a non-negative int, got {warmup!r}")
+        raise ValueError(f"warmup must be a non-negative int, got {describe(warmup)}")
     for _ in range(warmup):
         for fn in fns.values():
             fn()

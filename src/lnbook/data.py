@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ._checks import check_positive_int
+from ._checks import check_positive_int, describe
 
 Dataset = tuple[torch.Tensor, ...]
 
@@ -50,7 +50,7 @@ def digits_sequences(order: str = "pixel", permute: bool = False, seed: int = 0)
     Pixel values are in [0, 1]; labels ``y`` are int64 in 0..9.
     """
     if order not in ("pixel", "row"):
-        raise ValueError(f"order must be 'pixel' or 'row', got {order!r}")
+        raise ValueError(f"order must be 'pixel' or 'row', got {describe(order)}")
     images, labels = _digits()
     flat = images.reshape(len(images), 64)
     if permute:
@@ -96,7 +96,7 @@ def variable_length(min_repeat: int = 1, max_repeat: int = 3, seed: int = 0) -> 
     zero-padded, lengths ``(N,)`` int64, y ``(N,)``; the split is ``digits_sequences``'s.
     """
     if not (isinstance(min_repeat, int) and isinstance(max_repeat, int) and 1 <= min_repeat <= max_repeat):
-        raise ValueError(f"need integers 1 <= min_repeat <= max_repeat, got {min_repeat!r}, {max_repeat!r}")
+        raise ValueError(f"need integers 1 <= min_repeat <= max_repeat, got {describe(min_repeat)}, {describe(max_repeat)}")
     images, labels = _digits()
     repeats = np.random.default_rng(seed).integers(min_repeat, max_repeat + 1, size=(len(images), 8))
     seqs = [torch.from_numpy(np.repeat(img, r, axis=0)) for img, r in zip(images, repeats)]
@@ -119,7 +119,7 @@ def adding_problem(n: int, length: int, seed: int = 0) -> tuple[torch.Tensor, to
     """
     check_positive_int(n, "n")
     if not isinstance(length, int) or length < 2:
-        raise ValueError(f"length must be an int >= 2 (one marker in each half), got {length!r}")
+        raise ValueError(f"length must be an int >= 2 (one marker in each half), got {describe(length)}")
     g = torch.Generator().manual_seed(seed)
     values = torch.rand(n, length, generator=g)
     half = length // 2
@@ -150,7 +150,7 @@ class CharCorpus:
         index = {c: i for i, c in enumerate(self.vocab)}
         unknown = sorted(set(text) - index.keys())
         if unknown:
-            raise ValueError(f"text has characters outside the vocabulary: {''.join(unknown)!r}")
+            raise ValueError(f"text has characters outside the vocabulary: {describe(''.join(unknown))}")
         return torch.tensor([index[c] for c in text], dtype=torch.int64)
 
     def decode(self, ids: torch.Tensor | Sequence[int]) -> str:
@@ -172,7 +172,7 @@ def char_corpus(val_fraction: float = 0.1) -> CharCorpus:
     characters is the validation split, the rest the training split.
     """
     if isinstance(val_fraction, bool) or not isinstance(val_fraction, float) or not 0 < val_fraction < 1:
-        raise ValueError(f"val_fraction must be a float in (0, 1), got {val_fraction!r}")
+        raise ValueError(f"val_fraction must be a float in (0, 1), got {describe(val_fraction)}")
     from pydoc_data.topics import topics
 
     text = "".join(topics[k] for k in sorted(topics))

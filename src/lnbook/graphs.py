@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ._checks import check_positive_int
+from ._checks import check_positive_int, describe
 from .data import pad_batch
 from .functional import check_float_tensor
 from .models import _check_choice, _norm_layer
@@ -87,14 +87,14 @@ def random_graphs(
     """
     check_positive_int(n_graphs, "n_graphs")
     if not (isinstance(min_nodes, int) and isinstance(max_nodes, int) and 3 <= min_nodes <= max_nodes):
-        raise ValueError(f"need integers 3 <= min_nodes <= max_nodes, got {min_nodes!r}, {max_nodes!r}")
+        raise ValueError(f"need integers 3 <= min_nodes <= max_nodes, got {describe(min_nodes)}, {describe(max_nodes)}")
     if not (
         isinstance(mean_degree, tuple)
         and len(mean_degree) == 2
         and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in mean_degree)
         and 0 < mean_degree[0] <= mean_degree[1] < math.inf
     ):
-        raise ValueError(f"mean_degree must be a range (lo, hi) of numbers with 0 < lo <= hi, got {mean_degree!r}")
+        raise ValueError(f"mean_degree must be a range (lo, hi) of numbers with 0 < lo <= hi, got {describe(mean_degree)}")
     rng = np.random.default_rng(seed)
     graphs, y = [], []
     for _ in range(n_graphs):

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
+from ._checks import describe
 from .norms import AdaNorm, DetachNorm, DyT, LayerNorm, MaskedBatchNorm1d, RMSNorm, TimeStepBatchNorm
 
 INSTANCE_REFUSED = (
@@ -33,7 +34,7 @@ INSTANCE_REFUSED = (
 
 def _check_choice(value: str, choices: tuple[str, ...], name: str) -> str:
     if value not in choices:
-        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+        raise ValueError(f"{name} must be one of {choices}, got {describe(value)}")
     return value
 
 

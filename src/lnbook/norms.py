@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from ._checks import check_eps, check_mask_shape, check_normalized_shape, check_positive_int, check_trailing
+from ._checks import check_eps, check_mask_shape, check_normalized_shape, check_positive_int, check_trailing, describe
 from .functional import check_float_tensor, layer_norm
 
 
@@ -101,7 +101,7 @@ class DyT(nn.Module):
         super().__init__()
         self.normalized_shape = check_normalized_shape(normalized_shape)
         if isinstance(alpha_init, bool) or not isinstance(alpha_init, (int, float)) or not math.isfinite(alpha_init):
-            raise ValueError(f"alpha_init must be a finite number, got {alpha_init!r}")
+            raise ValueError(f"alpha_init must be a finite number, got {describe(alpha_init)}")
         self.alpha = nn.Parameter(torch.tensor(float(alpha_init)))
         self.weight = nn.Parameter(torch.ones(self.normalized_shape))
         self.bias = nn.Parameter(torch.zeros(self.normalized_shape))
@@ -167,9 +167,9 @@ class AdaNorm(nn.Module):
         super().__init__()
         self.normalized_shape = check_normalized_shape(normalized_shape)
         if isinstance(k, bool) or not isinstance(k, (int, float)) or not (math.isfinite(k) and k >= 0):
-            raise ValueError(f"k must be a finite number >= 0, got {k!r}")
+            raise ValueError(f"k must be a finite number >= 0, got {describe(k)}")
         if isinstance(C, bool) or not isinstance(C, (int, float)) or not (math.isfinite(C) and C > 0):
-            raise ValueError(f"C must be a finite number > 0, got {C!r}")
+            raise ValueError(f"C must be a finite number > 0, got {describe(C)}")
         self.k, self.C = float(k), float(C)
         self.eps = check_eps(eps)
 
@@ -239,7 +239,7 @@ def _update_running(mean_buf, var_buf, mean, var, n: int, momentum: float) -> No
 
 def _check_momentum(momentum: object) -> float:
     if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0 <= momentum <= 1:
-        raise ValueError(f"momentum must be a number in [0, 1], got {momentum!r}")
+        raise ValueError(f"momentum must be a number in [0, 1], got {describe(momentum)}")
     return float(momentum)
 
 
@@ -355,7 +355,7 @@ class TimeStepBatchNorm(_BatchNormBase):
 
     def _step(self, x: torch.Tensor, t: int, mask: torch.Tensor | None) -> torch.Tensor:
         if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-            raise ValueError(f"t must be a non-negative int (the time step), got {t!r}")
+            raise ValueError(f"t must be a non-negative int (the time step), got {describe(t)}")
         x, real = self._real_input(x, mask)
         if not self.training:
             s = min(t, self.max_steps - 1)

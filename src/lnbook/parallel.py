@@ -16,6 +16,8 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
+from ._checks import describe
+
 CALLS: Counter = Counter()  # collective calls made in this process, by kind
 
 
@@ -115,9 +117,9 @@ def data_parallel_run(
     """
     unknown = set(norms) - {"batch", "sync_batch", "layer"}
     if unknown or not norms:
-        raise ValueError(f"norms must be drawn from ('batch', 'sync_batch', 'layer'), got {norms!r}")
+        raise ValueError(f"norms must be drawn from ('batch', 'sync_batch', 'layer'), got {describe(norms)}")
     if not isinstance(world_size, int) or world_size < 2:
-        raise ValueError(f"world_size must be an int >= 2, got {world_size!r}")
+        raise ValueError(f"world_size must be an int >= 2, got {describe(world_size)}")
     with tempfile.TemporaryDirectory() as out_dir:
         torch.multiprocessing.spawn(_worker, args=(world_size, _free_port(), tuple(norms), steps, out_dir), nprocs=world_size)
         return [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(world_size)]

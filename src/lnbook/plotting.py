@@ -10,6 +10,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Polygon
 
+from ._checks import describe
+
 STYLE = {
     "figure.dpi": 100,
     "savefig.dpi": 100,
@@ -59,7 +61,7 @@ def show_figure(fig: Figure, name: str | None = None) -> None:
     from IPython.display import display
 
     if name is not None and (not isinstance(name, str) or not name):
-        raise ValueError(f"name must be a non-empty string or None, got {name!r}")
+        raise ValueError(f"name must be a non-empty string or None, got {describe(name)}")
     display(fig, metadata={"scrapbook": {"name": name}} if name else None)
     plt.close(fig)
 
@@ -111,10 +113,10 @@ def norm_axes_figure(
     """
     depth = {"sequence": "time T", "image": "pixels H·W"}
     if kind not in depth:
-        raise ValueError(f"kind must be 'sequence' or 'image', got {kind!r}")
+        raise ValueError(f"kind must be 'sequence' or 'image', got {describe(kind)}")
     sets = NORM_SETS[kind]
     if not norms or any(name not in sets for name in norms):
-        raise ValueError(f"norms must be a non-empty tuple drawn from {tuple(sets)}, got {norms!r}")
+        raise ValueError(f"norms must be a non-empty tuple drawn from {tuple(sets)}, got {describe(norms)}")
     ncols = min(len(norms), 2)
     nrows = -(-len(norms) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(3.5 * ncols, 2.6 * nrows), squeeze=False)
@@ -149,7 +151,7 @@ def residual_block_diagram(ax: Axes, position: str) -> None:
     In Pre-LN the residual path from input to output passes through no norm.
     """
     if position not in ("post", "pre"):
-        raise ValueError(f"position must be 'post' or 'pre', got {position!r}")
+        raise ValueError(f"position must be 'post' or 'pre', got {describe(position)}")
     ax.set(xlim=(0, 4), ylim=(0, 10.8), aspect="equal")
     ax.axis("off")
 

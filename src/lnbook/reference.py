@@ -15,7 +15,7 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
-from ._checks import check_eps, check_mask_shape, check_shape
+from ._checks import check_eps, check_mask_shape, check_shape, describe
 
 
 class LayerNormCache(NamedTuple):
@@ -252,7 +252,7 @@ def round_to(x: ArrayLike, precision: str) -> np.ndarray:
     float32 rounding of a tie can round the other way than direct rounding would.
     """
     if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {describe(precision)}")
     if precision != "bfloat16":
         return np.asarray(x, dtype=precision)
     x32 = np.ascontiguousarray(x, dtype=np.float32)
@@ -330,5 +330,5 @@ def variance(
     elif method == "welford_merge":
         state = welford_merge(welford(x[..., : n // 2], acc_p), welford(x[..., n // 2 :], acc_p), acc_p)
     else:
-        raise ValueError(f"method must be 'one_pass', 'two_pass', 'welford' or 'welford_merge', got {method!r}")
+        raise ValueError(f"method must be 'one_pass', 'two_pass', 'welford' or 'welford_merge', got {describe(method)}")
     return r(state.m2 / state.count)

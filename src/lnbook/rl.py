@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ._checks import check_positive_int
+from ._checks import check_positive_int, describe
 from .norms import _BatchNormBase
 from .train import _check_lr, _update
 
@@ -45,7 +45,7 @@ class RandomWalk:
         if self.n_states < 2:
             raise ValueError(f"n_states must be at least 2, got {self.n_states}")
         if isinstance(self.gamma, bool) or not isinstance(self.gamma, (int, float)) or not 0 <= self.gamma < 1:
-            raise ValueError(f"gamma must be a number in [0, 1), got {self.gamma!r}")
+            raise ValueError(f"gamma must be a number in [0, 1), got {describe(self.gamma)}")
         check_positive_int(self.features, "features")
         if self.features < 2:
             raise ValueError(f"features must be at least 2 (one bump cannot tell states apart), got {self.features}")
@@ -55,7 +55,7 @@ class RandomWalk:
         if not isinstance(positions, torch.Tensor) or positions.dtype != torch.int64:
             raise TypeError("positions must be an int64 tensor of states")
         if positions.numel() and not (0 <= int(positions.min()) and int(positions.max()) < self.n_states):
-            raise ValueError(f"positions must lie in 0 .. {self.n_states - 1}, got {positions.min()} .. {positions.max()}")
+            raise ValueError(f"positions must lie in 0 .. {self.n_states - 1}, got {int(positions.min())} .. {int(positions.max())}")
         return positions.double() / (self.n_states - 1)
 
     def _reward64(self, positions: torch.Tensor) -> torch.Tensor:
@@ -103,7 +103,7 @@ def training_batches(steps: int, batch_size: int, batch: str, seed: int) -> Iter
     check_positive_int(steps, "steps")
     check_positive_int(batch_size, "batch_size")
     if batch not in BATCHES:
-        raise ValueError(f"batch must be one of {BATCHES}, got {batch!r}")
+        raise ValueError(f"batch must be one of {BATCHES}, got {describe(batch)}")
     rng = np.random.default_rng(seed)
     for t in range(batch_size - 1, steps):
         if batch == "recent":

@@ -21,7 +21,7 @@ import math
 import torch
 from torch import nn
 
-from ._checks import check_positive_int
+from ._checks import check_positive_int, describe
 from .models import _check_norm, _norm_layer, _PicklesWithParametrizations
 from .norms import TimeStepBatchNorm
 
@@ -94,7 +94,7 @@ class _NormedCell(_PicklesWithParametrizations, nn.Module):
         if x.ndim != 2 or x.shape[1] != self.input_size:
             raise ValueError(f"x must have shape (B, {self.input_size}), got {tuple(x.shape)}")
         if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-            raise ValueError(f"t must be a non-negative int (the time step), got {t!r}")
+            raise ValueError(f"t must be a non-negative int (the time step), got {describe(t)}")
 
 
 class LSTMCell(_NormedCell):

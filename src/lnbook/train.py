@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ._checks import check_positive_int
+from ._checks import check_positive_int, describe
 from .data import Dataset
 
 OPTIMIZERS = ("adam", "sgd")
@@ -38,7 +38,7 @@ class History:
 
 def _check_lr(lr: object) -> None:
     if not (isinstance(lr, (int, float)) and lr > 0):
-        raise ValueError(f"lr must be a positive number, got {lr!r}")
+        raise ValueError(f"lr must be a positive number, got {describe(lr)}")
 
 
 def _update(opt: torch.optim.Optimizer, params: list[nn.Parameter], loss: torch.Tensor, grad_clip: float | None) -> float:
@@ -56,7 +56,7 @@ def _check_dataset(data: object, name: str) -> Dataset:
         raise TypeError(f"{name} must be a tuple of tensors (inputs..., targets), got {type(data).__name__}")
     n = len(data[-1])
     if any(len(t) != n for t in data):
-        raise ValueError(f"{name}'s tensors must all have the same first dimension, got {[len(t) for t in data]}")
+        raise ValueError(f"{name}'s tensors must all have the same first dimension, got {describe([len(t) for t in data])}")
     if data[-1].dtype != torch.int64:
         raise TypeError(f"{name}'s targets must be int64 class labels, got {data[-1].dtype}")
     return data
@@ -114,7 +114,7 @@ def fit(
         check_positive_int(max_steps, "max_steps")
     _check_lr(lr)
     if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {describe(optimizer)}")
     params = list(model.parameters())
     opt = torch.optim.Adam(params, lr=lr) if optimizer == "adam" else torch.optim.SGD(params, lr=lr, momentum=0.9)
     device = params[0].device
@@ -209,7 +209,7 @@ def fit_lm(
     for name, value in (("steps", steps), ("batch_size", batch_size), ("block_size", block_size), ("eval_every", eval_every)):
         check_positive_int(value, name)
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be a non-negative int, got {warmup!r}")
+        raise ValueError(f"warmup must be a non-negative int, got {describe(warmup)}")
     _check_lr(lr)
     if min(len(train_ids), len(val_ids)) <= block_size:
         raise ValueError(f"train_ids and val_ids must be longer than block_size = {block_size}")

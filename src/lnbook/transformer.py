@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ._checks import check_positive_int
+from ._checks import check_positive_int, describe
 from .norms import DyT, MaskedBatchNorm1d, RMSNorm
 
 NORMS = ("layernorm", "rmsnorm", "dyt", "none", "batchnorm")
@@ -53,11 +53,11 @@ class GPTConfig:
         if self.d_model % self.n_head:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout must be a number in [0, 1), got {self.dropout!r}")
+            raise ValueError(f"dropout must be a number in [0, 1), got {describe(self.dropout)}")
         if self.norm not in NORMS:
-            raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
+            raise ValueError(f"norm must be one of {NORMS}, got {describe(self.norm)}")
         if self.norm_position not in POSITIONS:
-            raise ValueError(f"norm_position must be one of {POSITIONS}, got {self.norm_position!r}")
+            raise ValueError(f"norm_position must be one of {POSITIONS}, got {describe(self.norm_position)}")
         for name in ("final_norm", "causal"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
@@ -157,7 +157,7 @@ class TinyGPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         if not isinstance(idx, torch.Tensor) or idx.ndim != 2 or idx.dtype != torch.int64:
-            raise ValueError(f"idx must be an int64 tensor of shape (B, T), got {getattr(idx, 'dtype', type(idx))}")
+            raise ValueError(f"idx must be an int64 tensor of shape (B, T), got {describe(idx)}")
         b, t = idx.shape
         if not 1 <= t <= self.cfg.block_size:
             raise ValueError(f"sequence length must be in 1..block_size={self.cfg.block_size}, got {t}")
@@ -180,7 +180,7 @@ class TinyGPT(nn.Module):
         """Extend ``idx (B, T)`` by ``new_tokens`` sampled tokens; returns ``(B, T + new_tokens)``."""
         check_positive_int(new_tokens, "new_tokens")
         if not (isinstance(temperature, (int, float)) and temperature > 0):
-            raise ValueError(f"temperature must be a positive number, got {temperature!r}")
+            raise ValueError(f"temperature must be a positive number, got {describe(temperature)}")
         was_training = self.training
         self.eval()
         for _ in range(new_tokens):
@@ -231,7 +231,7 @@ class TinyViT(nn.Module):
         """``(B, H, W) -> (B, patches, patch_size**2)``, patches in reading order."""
         size = self.image_size
         if not isinstance(images, torch.Tensor) or images.ndim != 3 or images.shape[1:] != (size, size):
-            raise ValueError(f"images must be a tensor of shape (B, {size}, {size}), got {getattr(images, 'shape', type(images))}")
+            raise ValueError(f"images must be a tensor of shape (B, {size}, {size}), got {describe(images)}")
         p = self.patch_size
         return images.unfold(1, p, p).unfold(2, p, p).reshape(len(images), -1, p * p)
 

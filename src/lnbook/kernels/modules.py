@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .._checks import describe
 from ..norms import RMSNorm, swap_modules
 from .norm import layer_norm, rms_norm
 
@@ -18,7 +19,7 @@ class FusedLayerNorm(nn.LayerNorm):
     def __init__(self, normalized_shape: int, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True, **factory) -> None:
         super().__init__(normalized_shape, eps, elementwise_affine, bias, **factory)
         if len(self.normalized_shape) != 1:
-            raise ValueError(f"FusedLayerNorm normalizes the last dimension only, got normalized_shape {self.normalized_shape}")
+            raise ValueError(f"FusedLayerNorm normalizes the last dimension only, got normalized_shape {describe(self.normalized_shape)}")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight if self.weight is not None else x.new_ones(self.normalized_shape, dtype=torch.float32)
@@ -31,7 +32,7 @@ class FusedRMSNorm(RMSNorm):
     def __init__(self, normalized_shape: int, eps: float = 1e-6, elementwise_affine: bool = True) -> None:
         super().__init__(normalized_shape, eps, elementwise_affine)
         if len(self.normalized_shape) != 1:
-            raise ValueError(f"FusedRMSNorm normalizes the last dimension only, got normalized_shape {self.normalized_shape}")
+            raise ValueError(f"FusedRMSNorm normalizes the last dimension only, got normalized_shape {describe(self.normalized_shape)}")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight if self.weight is not None else x.new_ones(self.normalized_shape, dtype=torch.float32)

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._checks import check_eps
+from .._checks import check_eps, describe
 from ..functional import check_float_tensor
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -173,7 +173,7 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, max
         need = "without TRITON_INTERPRET=1" if x.is_cuda else "through the interpreter: set TRITON_INTERPRET=1 before importing triton"
         raise RuntimeError(f"x is {where}; Triton can run these kernels there only {need}")
     if max_block is not None and (max_block < 16 or max_block & (max_block - 1)):
-        raise ValueError(f"max_block must be a power of two >= 16, got {max_block}")
+        raise ValueError(f"max_block must be a power of two >= 16, got {describe(max_block)}")
 
 
 def _programs(m: int, device: torch.device) -> int:
