@@ -1,3 +1,5 @@
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -8,3 +10,27 @@ def _seeded():
     """Every test starts from the same random state."""
     torch.manual_seed(0)
     np.random.seed(0)
+
+
+class FakeClock:
+    """Stands in for ``time.perf_counter``: each reading moves it on by ``tick`` seconds, and
+    ``advance(s)`` by ``s`` more, so that code under test measures exact times, whatever the
+    machine's load. Tests that take the ``fake_clock`` fixture may assert on times
+    (``tests/timing_asserts.py``); no other test may."""
+
+    def __init__(self, tick: float = 1.0) -> None:
+        self.now, self.tick = 0.0, tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def fake_clock(monkeypatch) -> FakeClock:
+    clock = FakeClock()
+    monkeypatch.setattr(time, "perf_counter", clock)
+    return clock

@@ -20,12 +20,18 @@ def test_count_ops_counts_forward_and_backward_operators():
     assert bench.list_ops(lambda: torch.tanh(x @ x.T)) == ["mm", "tanh"]
 
 
-def test_median_times_interleaves_and_takes_the_median():
-    calls = []
-    fns = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
+def test_median_times_interleaves_and_takes_the_median(fake_clock):
+    fake_clock.tick = 0.0
+    calls, took = [], {"a": iter([9.0, 1.0, 4.0, 2.0]), "b": iter([0.0, 5.0, 3.0, 7.0])}
+
+    def timed(name):
+        calls.append(name)
+        fake_clock.advance(next(took[name]))  # this call "takes" the next of its durations
+
+    fns = {"a": lambda: timed("a"), "b": lambda: timed("b")}
     times = bench.median_times(fns, repeat=3, warmup=1)
     assert calls == ["a", "b"] * 4  # one of each per round: warm-up, then 3 timed rounds
-    assert set(times) == {"a", "b"} and all(t >= 0 for t in times.values())
+    assert times == {"a": 2.0, "b": 5.0}  # medians of (1, 4, 2) and (5, 3, 7); the warm-up is not timed
     with pytest.raises(ValueError, match="repeat must be a positive int"):
         bench.median_times(fns, repeat=0)
     with pytest.raises(ValueError, match="warmup must be a non-negative int"):
@@ -95,8 +101,12 @@ def test_layernorm_traffic_counts_each_tensor_once():
         bench.layernorm_traffic(8, 8, 0)
 
 
-def test_copy_bandwidth_and_csv_with_provenance(tmp_path):
-    assert bench.copy_bandwidth(nbytes=8 * 2**20, repeat=3) > 1e8  # any machine copies faster than 100 MB/s
+def test_copy_bandwidth_counts_a_read_and_a_write(fake_clock):
+    fake_clock.tick = 0.5  # every copy "takes" 0.5 s
+    assert bench.copy_bandwidth(nbytes=8 * 2**20, repeat=3) == 2 * 8 * 2**20 / 0.5
+
+
+def test_csv_with_provenance(tmp_path):
     path = bench.write_csv([{"n": 1, "gbps": 2.5}, {"n": 2, "gbps": 3.0}], tmp_path / "r" / "x.csv")
     lines = path.read_text().splitlines()
     assert lines[0] == "n,gbps,machine,device,torch,triton,date"
@@ -105,7 +115,8 @@ def test_copy_bandwidth_and_csv_with_provenance(tmp_path):
         bench.write_csv([{"n": 1}, {"m": 2}], tmp_path / "y.csv")
 
 
-def test_seconds_is_the_median_on_the_cpu():
-    calls = []
-    assert bench.seconds(lambda: calls.append(1), "cpu", repeat=4) >= 0
-    assert len(calls) == 3 + 4  # median_times' warm-up, then the timed calls
+def test_seconds_is_the_median_on_the_cpu(fake_clock):
+    fake_clock.tick = 0.0
+    took = iter([0.0, 0.0, 0.0, 4.0, 1.0, 3.0, 2.0])  # median_times' warm-up of 3 calls, then 4 timed calls
+    assert bench.seconds(lambda: fake_clock.advance(next(took)), "cpu", repeat=4) == 2.5
+    assert next(took, None) is None
