@@ -1,8 +1,9 @@
 """Notebook hygiene: what nbval cannot see, checked on the committed files.
 
 Every notebook stores outputs for every code cell, run once from top to bottom, with no
-errors, memory addresses or absolute paths in them; every result the text quotes (a number
-with three decimals) is one that a stored output prints; and it opens as the guide says: a title
+errors, memory addresses or absolute paths in them; no cell asserts on a wall-clock time; every
+result the text quotes (a number with three decimals, or a time or speed with its unit) is one
+that a stored output prints; and it opens as the guide says: a title
 with an "Open in Colab" badge for this very file, then a Colab-only set-up cell that nbval
 skips and the book hides, then imports with ``seed_everything`` and a device choice.
 """
@@ -14,10 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from timing_asserts import timing_asserts
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 REPO = re.search(r"url:\s*https://github\.com/(\S+)", (ROOT / "_config.yml").read_text()).group(1)
 MEASURED = re.compile(r"(?<![\d.])\d+\.\d{3}(?!\d|\.\d)")  # a quoted result: 3 decimals
+TIMED = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)\s?(?:µs|ms|GB/s|GFLOP/s)")  # a quoted time or speed
 EXERCISE = re.compile(r"^`{3,}\{exercise\}\s*\n:label: (\S+)", re.M)
 SOLUTION = re.compile(r"^`{3,}\{solution(-start)?\} (\S+)", re.M)
 LEAKS = re.compile(r"0x[0-9a-fA-F]{6,}|/home/|/root/|/tmp/|/Users/|[A-Z]:\\\\|site-packages|Traceback")
@@ -52,6 +56,9 @@ def problems(nb: dict, relpath: str) -> list[str]:
             leak = LEAKS.search(output_text(out))
             if leak:
                 found.append(f"code cell {i} output contains {leak.group(0)!r} (an address, path or traceback)")
+    for i, line, statement in timing_asserts([source(c) for c in code]):
+        found.append(f"code cell {i}, line {line} asserts on a wall-clock time ({statement}): under load times "
+                     "and their order change from run to run; print times, assert on operator counts, bytes or FLOPs")
     badge = f"https://colab.research.google.com/github/{REPO}/blob/main/{relpath}"
     if len(cells) < 3:
         return found + ["fewer than three cells: title, Colab set-up and imports are required"]
@@ -73,7 +80,7 @@ def problems(nb: dict, relpath: str) -> list[str]:
     printed = "".join(output_text(out) for c in code for out in c.get("outputs", []))
     for c in cells:
         if c["cell_type"] == "markdown":
-            for number in MEASURED.findall(source(c)):
+            for number in MEASURED.findall(source(c)) + TIMED.findall(source(c)):
                 if number not in printed:
                     found.append(f"the text quotes {number}, which no stored output prints")
     return found
@@ -145,6 +152,18 @@ def test_hygiene_check_catches_a_number_no_cell_printed():
     nb = copy.deepcopy(load(path))
     nb["cells"].append({"cell_type": "markdown", "metadata": {}, "source": ["BatchNorm reached 0.987."]})
     assert "the text quotes 0.987, which no stored output prints" in problems(nb, path.relative_to(ROOT).as_posix())
+
+
+def test_hygiene_check_catches_a_timing_assert_and_a_stale_timing():
+    path = NOTEBOOKS[0]
+    nb = copy.deepcopy(load(path))
+    nb["cells"].append({"cell_type": "code", "metadata": {"tags": ["nbval-ignore-output"]}, "outputs": [],
+                        "execution_count": len([c for c in nb["cells"] if c["cell_type"] == "code"]) + 1,
+                        "source": "t = bench.median_times(fns)\nprint(f\"{t['a'] * 1e3:.1f} ms\")\nassert t['a'] < t['b']"})
+    nb["cells"].append({"cell_type": "markdown", "metadata": {}, "source": ["In the run shown, one call takes 987.6 µs."]})
+    found = problems(nb, path.relative_to(ROOT).as_posix())
+    assert any(p.startswith("code cell") and "asserts on a wall-clock time (assert t['a'] < t['b'])" in p for p in found)
+    assert "the text quotes 987.6, which no stored output prints" in found
 
 
 def test_exercise_check_catches_a_missing_solution_and_an_open_gate():
