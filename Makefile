@@ -21,7 +21,7 @@ export ATEN_CPU_CAPABILITY := avx2
 export MKL_ENABLE_INSTRUCTIONS := AVX2
 export ONEDNN_MAX_CPU_ISA := AVX2
 export DNNL_MAX_CPU_ISA := AVX2
-# The browser that tests/browser_check.py drives (`make test CHROMIUM=/path/to/chromium`).
+# The browser that tools/browser_check.py drives (`make test CHROMIUM=/path/to/chromium`).
 export CHROMIUM ?= /usr/bin/chromium
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 # nbval: re-execute every notebook in this environment, two notebooks at a time (loadscope
@@ -57,9 +57,9 @@ test: setup $(CHROMIUM)
 	@mkdir -p $(LOGS)
 	$(BIN)/python -m pytest -n 2 tests 2>&1 | tee $(LOGS)/pytest.log
 	$(BIN)/python -m pytest $(NBVAL) --junitxml=$(LOGS)/nbval.xml notebooks 2>&1 | tee $(LOGS)/nbval.log
-	$(BIN)/python tests/notebook_times.py $(LOGS)/nbval.xml > $(TIMES)
+	$(BIN)/python tools/notebook_times.py $(LOGS)/nbval.xml > $(TIMES)
 	$(MAKE) --no-print-directory build-book
-	$(BIN)/python tests/browser_check.py _build/html 2>&1 | tee $(LOGS)/browser.log
+	$(BIN)/python tools/browser_check.py _build/html 2>&1 | tee $(LOGS)/browser.log
 	@echo
 	@echo "pytest: $$(tail -n 1 $(LOGS)/pytest.log | tr -d '=' | sed 's/ in .*//; s/^ *//')"
 	@echo "nbval: $$(tail -n 1 $(LOGS)/nbval.log | tr -d '=' | sed 's/ in .*//; s/^ *//')"

@@ -1,4 +1,4 @@
-"""The browser check (tests/browser_check.py) on a small site made to be broken in every way it
+"""The browser check (tools/browser_check.py) on a small site made to be broken in every way it
 must catch, next to pages that are fine. `make test` runs the check itself on the built book."""
 
 import importlib.metadata

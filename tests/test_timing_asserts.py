@@ -1,4 +1,4 @@
-"""No notebook cell, test or benchmark asserts on a wall-clock time (tests/timing_asserts.py)."""
+"""No notebook cell, test, tool or benchmark asserts on a wall-clock time (tools/timing_asserts.py)."""
 
 from pathlib import Path
 
@@ -7,7 +7,7 @@ import pytest
 from timing_asserts import timing_asserts
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = sorted([*(ROOT / "tests").glob("*.py"), *(ROOT / "benchmarks").glob("*.py")])
+SCRIPTS = sorted(path for folder in ("tests", "tools", "benchmarks") for path in (ROOT / folder).glob("*.py"))
 
 # The two cells that made `make test` fail about one run in two (chapters 05 and 06, first edition).
 CHAPTER_05 = '''\

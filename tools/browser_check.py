@@ -1,6 +1,6 @@
 """Open every page of the built book in headless Chromium and fail on what a reader would meet.
 
-    python tests/browser_check.py _build/html [--chromium /usr/bin/chromium]   (default: $CHROMIUM)
+    python tools/browser_check.py _build/html [--chromium /usr/bin/chromium]   (default: $CHROMIUM)
 
 The site is served on 127.0.0.1; every request to anywhere else is blocked and recorded. A
 page fails on an image that does not decode, an internal link to a page or anchor that does

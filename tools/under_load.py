@@ -3,7 +3,7 @@
 CI shares its machine, and `make test` itself runs two notebooks at a time: a check that holds
 only on a quiet machine fails there at random. This script proves the suite green under load:
 
-    python tests/under_load.py [--runs 2] [--busy 2]
+    python tools/under_load.py [--runs 2] [--busy 2]
 
 It clones the repository's committed HEAD into a temporary folder, starts ``--busy`` CPU-bound
 processes (one busy loop each), runs ``make test`` in the clone ``--runs`` times in a row,

@@ -1,6 +1,6 @@
 """How long each notebook took to re-execute under nbval, as a Markdown table for the book.
 
-    python tests/notebook_times.py _build/test-logs/nbval.xml > _build/test-logs/notebook-times.md
+    python tools/notebook_times.py _build/test-logs/nbval.xml > _build/test-logs/notebook-times.md
 
 Reads the JUnit XML that ``pytest --nbval --junitxml=...`` writes (one test case per cell),
 adds up each notebook's cells and states the machine they ran on. `make test` writes the
