@@ -161,7 +161,7 @@ def test_graphnet_rejects_bad_input():
         with pytest.raises(ValueError, match=match):
             GraphNet(**({"in_features": 2, "hidden": 4, "layers": 1} | kwargs))
     with pytest.raises(ValueError, match="norm must be one of"):
-        graphs.GraphLayer(4, "rms")
+        graphs.GraphLayer(4, "weight")  # weight normalization is the MLP's and the cells'; a graph layer has no place for it
 
 
 def test_data_functions_reject_bad_input():

@@ -1,4 +1,4 @@
-"""The Triton LayerNorm and RMSNorm kernels against a float64 reference.
+"""lnbook.kernels: the Triton LayerNorm and RMSNorm kernels against a float64 reference.
 
 On a machine without a GPU they run through Triton's interpreter (``lnbook.kernels`` turns
 it on); tests marked ``gpu`` run only where CUDA is available.

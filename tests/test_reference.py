@@ -1,4 +1,4 @@
-"""The NumPy reference against torch, finite differences, and BatchNorm on the real positions only."""
+"""lnbook.reference: the NumPy reference against torch, finite differences, and BatchNorm on the real positions only."""
 
 import numpy as np
 import pytest
@@ -7,19 +7,25 @@ import torch
 from lnbook import reference
 
 
+def assert_matches_torch(forward, backward, torch_forward, x, dy, gamma, beta):
+    """Our float64 forward and its backward for ``dy`` against torch's autograd of the same."""
+    y, cache = forward(x, gamma, beta)
+    grads = backward(dy, cache)
+    tensors = [torch.tensor(a, requires_grad=True) for a in (x, gamma, beta)]
+    yt = torch_forward(*tensors)
+    yt.backward(torch.tensor(dy))
+    np.testing.assert_allclose(y, yt.detach().numpy(), rtol=1e-12, atol=1e-12)
+    for mine, theirs in zip(grads, tensors):
+        np.testing.assert_allclose(mine, theirs.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("shape", [(5, 7), (2, 3, 4), (2, 1, 3, 6), (4, 1)])
 def test_layernorm_matches_torch(shape):
     rng = np.random.default_rng(1)
     x, dy = rng.normal(size=shape) * 3 + 1, rng.normal(size=shape)
     gamma, beta = rng.normal(size=shape[-1:]), rng.normal(size=shape[-1:])
-    y, cache = reference.layernorm_forward(x, gamma, beta)
-    dx, dg, db = reference.layernorm_backward(dy, cache)
-    xt, gt, bt = (torch.tensor(a, requires_grad=True) for a in (x, gamma, beta))
-    yt = torch.nn.functional.layer_norm(xt, shape[-1:], gt, bt, 1e-5)
-    yt.backward(torch.tensor(dy))
-    np.testing.assert_allclose(y, yt.detach().numpy(), rtol=1e-12, atol=1e-12)
-    for mine, theirs in ((dx, xt), (dg, gt), (db, bt)):
-        np.testing.assert_allclose(mine, theirs.grad.numpy(), rtol=1e-10, atol=1e-12)
+    assert_matches_torch(reference.layernorm_forward, reference.layernorm_backward,
+                         lambda x, g, b: torch.nn.functional.layer_norm(x, shape[-1:], g, b, 1e-5), x, dy, gamma, beta)
 
 
 def test_layernorm_backward_matches_finite_differences():
@@ -39,15 +45,9 @@ def test_batchnorm_matches_torch_training_mode(shape):
     x, dy = rng.normal(size=shape) * 2 - 1, rng.normal(size=shape)
     c = shape[-1]
     gamma, beta = rng.normal(size=c), rng.normal(size=c)
-    y, cache = reference.batchnorm_forward(x, gamma, beta)
-    dx, dg, db = reference.batchnorm_backward(dy, cache)
-    xt, gt, bt = (torch.tensor(a, requires_grad=True) for a in (x, gamma, beta))
     # torch's batch_norm wants channels second: move our last (feature) axis there.
-    yt = torch.nn.functional.batch_norm(xt.movedim(-1, 1), None, None, gt, bt, training=True, eps=1e-5).movedim(1, -1)
-    yt.backward(torch.tensor(dy))
-    np.testing.assert_allclose(y, yt.detach().numpy(), rtol=1e-12, atol=1e-12)
-    for mine, theirs in ((dx, xt), (dg, gt), (db, bt)):
-        np.testing.assert_allclose(mine, theirs.grad.numpy(), rtol=1e-10, atol=1e-12)
+    batch_norm = lambda x, g, b: torch.nn.functional.batch_norm(x.movedim(-1, 1), None, None, g, b, training=True, eps=1e-5).movedim(1, -1)  # noqa: E731
+    assert_matches_torch(reference.batchnorm_forward, reference.batchnorm_backward, batch_norm, x, dy, gamma, beta)
 
 
 def test_masked_batchnorm_equals_batchnorm_on_real_positions_only():

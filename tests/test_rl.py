@@ -156,11 +156,11 @@ def test_bad_input():
     model = models.MLP(TINY.features, (8,), 1, "none")
     kwargs = dict(chain=TINY, steps=10, lr=1e-3, seed=0)
     for bad, match in [
-        (dict(n_states=1), "n_states must be at least 2"),
-        (dict(n_states=2.0), "n_states must be a positive int"),
+        (dict(n_states=1), "n_states must be an int >= 2"),
+        (dict(n_states=2.0), "n_states must be an int >= 2"),
         (dict(gamma=1.0), r"gamma must be a number in \[0, 1\)"),
         (dict(gamma=True), "gamma must be a number"),
-        (dict(features=1), "features must be at least 2"),
+        (dict(features=1), r"features must be an int >= 2 \(one bump"),
     ]:
         with pytest.raises(ValueError, match=match):
             rl.RandomWalk(**bad)

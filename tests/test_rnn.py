@@ -71,10 +71,11 @@ def test_gradients_flow_gradcheck(norm):
 
 def test_placement_flags_and_batch_gain():
     cell = LSTMCell(3, 4, "layer", norm_input=True, norm_hidden=False, norm_cell=False)
-    assert cell.norm_ih is not None and cell.norm_hh is None and cell.norm_c is None
+    assert isinstance(cell.norm_ih, torch.nn.LayerNorm)
+    assert isinstance(cell.norm_hh, torch.nn.Identity) and isinstance(cell.norm_c, torch.nn.Identity)
     bn = LSTMCell(3, 4, "batch", max_steps=5)
     assert torch.all(bn.norm_ih.weight == 0.1) and torch.all(bn.norm_c.weight == 0.1)
-    assert GRUCell(3, 4, "layer").norm_c is None
+    assert isinstance(GRUCell(3, 4, "layer").norm_c, torch.nn.Identity)
 
 
 def test_bad_arguments():

@@ -1,11 +1,9 @@
-"""RMSNorm, DyT, the character corpus, TinyGPT, TinyViT and the language-model training loop."""
+"""lnbook.transformer: TinyGPT (causality, padding, pre and post norms, configs) and TinyViT."""
 
-import numpy as np
 import pytest
 import torch
 
-from lnbook import data, reference, train
-from lnbook.norms import DyT, RMSNorm
+from lnbook import data, train
 from lnbook.transformer import Block, GPTConfig, TinyGPT, TinyViT, block_grad_norms
 
 VOCAB = 11
@@ -18,78 +16,6 @@ def config(**kw):
 def model(**kw):
     torch.manual_seed(0)
     return TinyGPT(config(**kw)).double()
-
-
-# ---------------------------------------------------------------- RMSNorm and DyT
-def test_rmsnorm_matches_the_float64_reference_and_torch():
-    torch.manual_seed(0)
-    x = torch.randn(3, 5, 8, dtype=torch.float64) * 3 + 1
-    norm = RMSNorm(8).double()
-    with torch.no_grad():
-        norm.weight.uniform_(0.5, 1.5)
-    expected = reference.rmsnorm_forward(x.numpy(), norm.weight.detach().numpy(), 1e-6)
-    np.testing.assert_allclose(norm(x).detach().numpy(), expected, rtol=1e-12, atol=1e-12)
-    theirs = torch.nn.RMSNorm(8, eps=1e-6).double()
-    theirs.load_state_dict(norm.state_dict())
-    torch.testing.assert_close(norm(x), theirs(x), rtol=1e-12, atol=1e-12)
-    assert torch.autograd.gradcheck(norm, (x.clone().requires_grad_(),))
-    norm(x).pow(2).sum().backward()
-    theirs(x).pow(2).sum().backward()
-    torch.testing.assert_close(norm.weight.grad, theirs.weight.grad, rtol=1e-12, atol=1e-12)
-
-
-def test_rmsnorm_statistics_in_float32_for_half_inputs():
-    x = torch.randn(4, 64) * 300
-    y = RMSNorm(64)(x.half())
-    assert y.dtype == torch.float16 and torch.isfinite(y).all()  # x**2 overflows float16 itself
-    torch.testing.assert_close(y.float(), RMSNorm(64)(x), rtol=1e-2, atol=1e-2)
-
-
-def test_dyt_matches_the_float64_reference_and_has_gradients():
-    torch.manual_seed(0)
-    x = torch.randn(2, 3, 6, dtype=torch.float64) * 2
-    dyt = DyT(6, alpha_init=0.7).double()
-    with torch.no_grad():
-        dyt.weight.uniform_(0.5, 1.5)
-        dyt.bias.uniform_(-0.5, 0.5)
-    expected = reference.dyt_forward(x.numpy(), dyt.alpha.item(), dyt.weight.detach().numpy(), dyt.bias.detach().numpy())
-    np.testing.assert_allclose(dyt(x).detach().numpy(), expected, rtol=1e-12, atol=1e-12)
-    assert torch.autograd.gradcheck(dyt, (x.clone().requires_grad_(),))
-    dyt(x).sum().backward()
-    assert dyt.alpha.grad is not None and dyt.alpha.grad.abs() > 0
-
-
-@pytest.mark.parametrize(
-    "make, error, match",
-    [
-        (lambda: RMSNorm(0), ValueError, "positive sizes"),
-        (lambda: RMSNorm(4, eps=0), ValueError, "eps must be a positive"),
-        (lambda: RMSNorm(4)(torch.randn(2, 5)), ValueError, "trailing dimensions"),
-        (lambda: RMSNorm(4)(torch.ones(2, 4, dtype=torch.long)), TypeError, "floating-point"),
-        (lambda: DyT(4, alpha_init=float("nan")), ValueError, "alpha_init must be a finite number"),
-        (lambda: DyT(4)(torch.randn(2, 5)), ValueError, "trailing dimensions"),
-    ],
-)
-def test_norms_reject_bad_input(make, error, match):
-    with pytest.raises(error, match=match):
-        make()
-
-
-# ---------------------------------------------------------------- corpus
-def test_char_corpus_splits_and_round_trips():
-    c = data.char_corpus()
-    assert len(c.train) > 400_000 and len(c.val) > 40_000
-    assert abs(len(c.val) / (len(c.train) + len(c.val)) - 0.1) < 1e-4
-    assert c.vocab == "".join(sorted(set(c.vocab))) and c.vocab_size == len(c.vocab)
-    assert int(c.train.max()) < c.vocab_size and c.train.dtype == torch.int64
-    assert c.decode(c.encode("def f(x):\n    return x")) == "def f(x):\n    return x"
-    assert torch.equal(data.char_corpus().val, c.val)  # deterministic
-    with pytest.raises(ValueError, match="outside the vocabulary"):
-        c.encode("λ")
-    with pytest.raises(ValueError, match="ids must be in"):
-        c.decode([0, c.vocab_size])
-    with pytest.raises(ValueError, match="val_fraction"):
-        data.char_corpus(1.5)
 
 
 # ---------------------------------------------------------------- TinyGPT
@@ -186,28 +112,6 @@ def test_bad_model_input_raises():
         TinyGPT({"vocab_size": 3})
 
 
-# ---------------------------------------------------------------- fit_lm
-def test_fit_lm_learns_is_deterministic_and_warms_up():
-    c = data.char_corpus()
-
-    def run(**kw):
-        torch.manual_seed(0)
-        m = TinyGPT(GPTConfig(c.vocab_size, 16, n_layer=1, n_head=2, d_model=16))
-        args = {"steps": 30, "lr": 1e-2, "batch_size": 8, "block_size": 16, "seed": 0, "eval_every": 10} | kw
-        return train.fit_lm(m, c.train, c.val, **args)
-
-    h = run()
-    assert h.val_steps == [10, 20, 30] and len(h.step_loss) == 30 and not h.diverged
-    assert h.val_loss[-1] < h.val_loss[0] < np.log(c.vocab_size)
-    assert run().step_loss == h.step_loss
-    assert run(warmup=30).step_loss[1:] != h.step_loss[1:]  # a smaller first step changes the rest
-    assert run(lr=1e6, grad_clip=None).diverged or run(lr=1e6, grad_clip=None).val_loss[-1] > h.val_loss[-1]
-    with pytest.raises(ValueError, match="warmup must be a non-negative int"):
-        run(warmup=-1)
-    with pytest.raises(TypeError, match="train_ids must be a 1-D int64"):
-        train.fit_lm(None, c.train.float(), c.val, steps=1, lr=1.0, batch_size=1, block_size=4, seed=0)
-
-
 def test_without_the_causal_mask_every_token_sees_every_other():
     cfg = dict(vocab_size=10, block_size=6, n_layer=1, n_head=2, d_model=8)
     x = torch.randn(2, 6, 8)
@@ -222,6 +126,7 @@ def test_without_the_causal_mask_every_token_sees_every_other():
         GPTConfig(**cfg, causal=1)
 
 
+# ---------------------------------------------------------------- TinyViT
 def test_vit_cuts_patches_in_reading_order_and_checks_its_input():
     vit = TinyViT(image_size=8, patch_size=4)
     images = torch.arange(2 * 64, dtype=torch.float32).reshape(2, 8, 8)

@@ -1,4 +1,4 @@
-"""Argument checks shared by the NumPy reference, the torch functions and the modules.
+"""Every argument check of the package, in one place.
 
 Each check raises ``ValueError`` or ``TypeError`` with a message that names the argument
 and says what was expected, so that bad input never silently produces wrong numbers.
@@ -9,7 +9,9 @@ from __future__ import annotations
 import math
 import numbers
 import reprlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+import torch
 
 Shape = tuple[int, ...]
 
@@ -37,11 +39,50 @@ def check_eps(eps: object) -> float:
     return float(eps)
 
 
+def check_int(value: object, name: str, minimum: int = 0, expected: str | None = None) -> int:
+    """Return ``value`` if it is an int (not a bool) >= ``minimum``, else raise ``ValueError``
+    saying ``name`` must be ``expected`` (by default "a non-negative int", "a positive int" or
+    "an int >= minimum")."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        expected = expected or {0: "a non-negative int", 1: "a positive int"}.get(minimum, f"an int >= {minimum}")
+        raise ValueError(f"{name} must be {expected}, got {describe(value)}")
+    return int(value)
+
+
 def check_positive_int(value: object, name: str) -> int:
     """Return ``value`` if it is an int >= 1 (not a bool), else raise ``ValueError``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {describe(value)}")
-    return int(value)
+    return check_int(value, name, 1)
+
+
+def check_number(value: object, name: str, expected: str, ok: Callable[[float], bool] = lambda v: True) -> float:
+    """Return ``value`` as a float if it is a finite real number (not a bool) for which
+    ``ok(value)`` holds, else raise ``ValueError`` saying ``name`` must be ``expected``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or not ok(value):
+        raise ValueError(f"{name} must be {expected}, got {describe(value)}")
+    return float(value)
+
+
+def check_bool(value: object, name: str) -> bool:
+    """Return ``value`` if it is a bool, else raise ``TypeError``."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def check_choice(value: object, choices: Sequence[str], name: str) -> str:
+    """Return ``value`` if it is one of ``choices``, else raise ``ValueError`` listing them."""
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {describe(value)}")
+    return value
+
+
+def check_float_tensor(t: object, name: str) -> torch.Tensor:
+    """Return ``t`` if it is a real floating-point tensor, else raise ``TypeError``."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.dtype.is_floating_point:
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    return t
 
 
 def check_normalized_shape(normalized_shape: int | Sequence[int]) -> Shape:

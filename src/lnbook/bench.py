@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ._checks import check_positive_int, describe
+from ._checks import check_int, check_positive_int
 
 
 class _OpRecorder(TorchDispatchMode):
@@ -52,8 +52,7 @@ def median_times(fns: Mapping[str, Callable[[], object]], repeat: int = 20, warm
     For CPU code; a GPU needs synchronization (``triton.testing.do_bench``).
     """
     check_positive_int(repeat, "repeat")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be a non-negative int, got {describe(warmup)}")
+    check_int(warmup, "warmup")
     for _ in range(warmup):
         for fn in fns.values():
             fn()

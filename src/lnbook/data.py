@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ._checks import check_positive_int, describe
+from ._checks import check_choice, check_int, check_number, check_positive_int, describe
 
 Dataset = tuple[torch.Tensor, ...]
 
@@ -49,8 +49,7 @@ def digits_sequences(order: str = "pixel", permute: bool = False, seed: int = 0)
 
     Pixel values are in [0, 1]; labels ``y`` are int64 in 0..9.
     """
-    if order not in ("pixel", "row"):
-        raise ValueError(f"order must be 'pixel' or 'row', got {describe(order)}")
+    check_choice(order, ("pixel", "row"), "order")
     images, labels = _digits()
     flat = images.reshape(len(images), 64)
     if permute:
@@ -59,6 +58,17 @@ def digits_sequences(order: str = "pixel", permute: bool = False, seed: int = 0)
     train, test = _split(labels)
     x, y = torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(labels)
     return (x[train], y[train]), (x[test], y[test])
+
+
+def as_steps(dataset: Dataset, pixels_per_step: int) -> Dataset:
+    """Pixel sequences read ``pixels_per_step`` pixels a step: ``(x (N, 64, 1), y)`` from
+    :func:`digits_sequences` -> ``(x (N, 64 / pixels_per_step, pixels_per_step), y)``."""
+    x, y = dataset
+    check_positive_int(pixels_per_step, "pixels_per_step")
+    if x.ndim != 3 or x.shape[1:] != (64, 1) or 64 % pixels_per_step:
+        raise ValueError(f"need pixel sequences (N, 64, 1) and pixels_per_step dividing 64, got {tuple(x.shape)} "
+                         f"and {pixels_per_step}")
+    return x.reshape(len(x), 64 // pixels_per_step, pixels_per_step), y
 
 
 def pad_batch(sequences: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -118,8 +128,7 @@ def adding_problem(n: int, length: int, seed: int = 0) -> tuple[torch.Tensor, to
     Returns ``x`` of shape ``(n, length, 2)`` and ``y`` of shape ``(n,)``, float32.
     """
     check_positive_int(n, "n")
-    if not isinstance(length, int) or length < 2:
-        raise ValueError(f"length must be an int >= 2 (one marker in each half), got {describe(length)}")
+    check_int(length, "length", 2, "an int >= 2 (one marker in each half)")
     g = torch.Generator().manual_seed(seed)
     values = torch.rand(n, length, generator=g)
     half = length // 2
@@ -171,8 +180,7 @@ def char_corpus(val_fraction: float = 0.1) -> CharCorpus:
     Python versions), its entries joined in sorted order. The last ``val_fraction`` of the
     characters is the validation split, the rest the training split.
     """
-    if isinstance(val_fraction, bool) or not isinstance(val_fraction, float) or not 0 < val_fraction < 1:
-        raise ValueError(f"val_fraction must be a float in (0, 1), got {describe(val_fraction)}")
+    check_number(val_fraction, "val_fraction", "a number in (0, 1)", lambda v: 0 < v < 1)
     from pydoc_data.topics import topics
 
     text = "".join(topics[k] for k in sorted(topics))

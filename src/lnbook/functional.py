@@ -3,29 +3,26 @@
 ``layer_norm`` is a :class:`torch.autograd.Function`: its forward saves only the input, the
 per-row mean and 1/σ (``rstd``), and its backward applies the closed-form gradient derived in
 chapter 03, so autograd never records a graph through the statistics.
+
+``all_reduce_sum`` is the one collective the book uses (synchronized BatchNorm): a sum over
+data-parallel processes whose backward is again a sum. It counts its calls in
+``COLLECTIVES``, so that chapters report measured collective counts rather than counting by hand.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 
 import torch
+import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
-from ._checks import check_eps, check_normalized_shape, check_shape, check_trailing
+from ._checks import check_eps, check_float_tensor, check_normalized_shape, check_shape, check_trailing
 
 # Low-precision inputs are normalized in float32, as torch.nn.functional.layer_norm does.
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
-
-
-def check_float_tensor(t: object, name: str) -> torch.Tensor:
-    """Return ``t`` if it is a real floating-point tensor, else raise ``TypeError``."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if not t.dtype.is_floating_point:
-        raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
-    return t
 
 
 class _LayerNorm(torch.autograd.Function):
@@ -103,3 +100,30 @@ def layer_norm(
     w2 = weight.reshape(d) if weight is not None else None
     b2 = bias.reshape(d) if bias is not None else None
     return _LayerNorm.apply(x2, w2, b2, eps).reshape(x.shape)
+
+
+COLLECTIVES: Counter = Counter()  # all-reduce calls made in this process: "forward" and "backward"
+
+
+class _AllReduceSum(torch.autograd.Function):
+    """Sum a tensor over all processes; the gradient of a sum is the sum of the gradients."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        out = x.clone()
+        COLLECTIVES["forward"] += 1
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        COLLECTIVES["backward"] += 1
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def all_reduce_sum(x: torch.Tensor, group: object | None = None) -> torch.Tensor:
+    """Differentiable sum of ``x`` (any shape) over every process in ``group`` (default: all)."""
+    return _AllReduceSum.apply(x, group)

@@ -16,13 +16,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from ._checks import check_positive_int, describe
+from ._checks import check_float_tensor, check_positive_int, describe
 from .data import pad_batch
-from .functional import check_float_tensor
-from .models import _check_choice, _norm_layer
-from .train import _check_lr, _update
+from .norms import EXAMPLE_NORMS, apply_norm, check_norm, norm_layer
+from .train import evaluating, optimizer_step, prepare
 
-NORMS = ("none", "layer", "batch")
+NORMS = ("none", "batch", *EXAMPLE_NORMS)
 
 
 @dataclass(frozen=True)
@@ -133,22 +132,22 @@ class GraphLayer(nn.Module):
 
     ``mean_nbr(h)`` averages each node's neighbours (``walk = adj / degree``, zero for a node
     without neighbours). ``norm``: ``"none"``, ``"layer"`` (LayerNorm over each node's
-    features) or ``"batch"`` (BatchNorm over every real node of every graph in the batch).
+    features, or another norm over one example's features) or ``"batch"`` (BatchNorm over
+    every real node of every graph in the batch). The norm gets the mask if it takes one.
     Shapes: ``h (B, N, H)``, ``walk (B, N, N)``, ``mask (B, N)`` -> ``(B, N, H)``.
     """
 
     def __init__(self, hidden: int, norm: str) -> None:
         super().__init__()
         check_positive_int(hidden, "hidden")
-        self.norm_kind = _check_choice(norm, NORMS, "norm")
+        norm = check_norm(norm, NORMS)
         self.self_weight = nn.Linear(hidden, hidden)
         self.neighbour_weight = nn.Linear(hidden, hidden, bias=False)
-        self.norm = _norm_layer(norm, hidden)
+        self.norm = norm_layer(norm, hidden)
 
     def forward(self, h: torch.Tensor, walk: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         a = self.self_weight(h) + self.neighbour_weight(walk @ h)
-        a = self.norm(a, mask) if self.norm_kind == "batch" else self.norm(a)
-        return h + torch.relu(a)
+        return h + torch.relu(apply_norm(self.norm, a, mask))
 
 
 class GraphNet(nn.Module):
@@ -167,7 +166,7 @@ class GraphNet(nn.Module):
         super().__init__()
         for value, name in ((in_features, "in_features"), (hidden, "hidden"), (layers, "layers")):
             check_positive_int(value, name)
-        self.norm = _check_choice(norm, NORMS, "norm")
+        self.norm = check_norm(norm, NORMS)
         self.in_features = in_features
         self.embed = nn.Linear(in_features, hidden)
         self.layers = nn.ModuleList(GraphLayer(hidden, norm) for _ in range(layers))
@@ -219,19 +218,15 @@ def _check_graph_set(data: object, name: str) -> GraphSet:
     return data
 
 
-@torch.no_grad()
 def mse(model: nn.Module, data: GraphSet, batch_size: int = 64) -> float:
     """Mean squared error of ``model`` (in eval mode) on ``data``, in batches of ``batch_size`` graphs."""
     _check_graph_set(data, "data")
     check_positive_int(batch_size, "batch_size")
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
     total = 0.0
-    for i in range(0, len(data), batch_size):
-        inputs = (t.to(device) for t in batch_graphs(data.graphs[i : i + batch_size]))
-        total += float(((model(*inputs) - data.y[i : i + batch_size].to(device)) ** 2).sum())
-    model.train(was_training)
+    with evaluating(model) as device:
+        for i in range(0, len(data), batch_size):
+            inputs = (t.to(device) for t in batch_graphs(data.graphs[i : i + batch_size]))
+            total += float(((model(*inputs) - data.y[i : i + batch_size].to(device)) ** 2).sum())
     return total / len(data)
 
 
@@ -249,21 +244,15 @@ def fit_graphs(
     train, test = _check_graph_set(train, "train"), _check_graph_set(test, "test")
     check_positive_int(epochs, "epochs")
     check_positive_int(batch_size, "batch_size")
-    _check_lr(lr)
-    params = list(model.parameters())
-    opt = torch.optim.Adam(params, lr=lr)
-    device = params[0].device
-    generator = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
+    run = prepare(model, lr, seed)
     history = RegressionHistory(steps_per_epoch=-(-len(train) // batch_size))
     elapsed = 0.0
-    model.train()
     for _ in range(epochs):
         start = time.perf_counter()
-        for idx in torch.randperm(len(train), generator=generator).split(batch_size):
-            inputs = (t.to(device) for t in batch_graphs([train.graphs[i] for i in idx]))
-            loss = nn.functional.mse_loss(model(*inputs), train.y[idx].to(device))
-            history.step_loss.append(_update(opt, params, loss, None))
+        for idx in torch.randperm(len(train), generator=run.generator).split(batch_size):
+            inputs = (t.to(run.device) for t in batch_graphs([train.graphs[i] for i in idx]))
+            loss = nn.functional.mse_loss(model(*inputs), train.y[idx].to(run.device))
+            history.step_loss.append(optimizer_step(run.optimizer, loss))
         elapsed += time.perf_counter() - start
         history.wall_time.append(elapsed)
         history.train_loss.append(sum(history.step_loss[-history.steps_per_epoch :]) / history.steps_per_epoch)

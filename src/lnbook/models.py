@@ -1,119 +1,48 @@
 """Small models that Part I trains, each with its normalization as a setting.
 
-Norm names: ``"none"``; ``"layer"`` (:class:`~lnbook.norms.LayerNorm`, per position);
-``"batch"`` (:class:`~lnbook.norms.MaskedBatchNorm1d`, told which steps are padding);
-``"batch_unmasked"`` (the same, counting padding as data); and, in the recurrent cell,
-``"batch_per_step"`` (:class:`~lnbook.norms.TimeStepBatchNorm`). The MLP, and the cells of
-:mod:`lnbook.rnn`, also take the norms that chapter 08 compares, each over one example's
-features: ``"group4"`` (``torch.nn.GroupNorm`` with 4 groups of consecutive features; over
-an LSTM cell's gate pre-activations, one group per gate), ``"rms"``
-(:class:`~lnbook.norms.RMSNorm`), ``"dyt"`` (:class:`~lnbook.norms.DyT`), ``"detach"``
-(:class:`~lnbook.norms.DetachNorm`), ``"adanorm"`` (:class:`~lnbook.norms.AdaNorm`) and
-``"weight"`` (weight normalization of the layers that feed the norm, and no norm layer).
-``"instance"`` is refused, with the reason.
+Norms are named as in :data:`lnbook.norms.NORMS`: ``"none"``; ``"batch"``
+(:class:`~lnbook.norms.MaskedBatchNorm1d`, told which steps are padding); ``"batch_unmasked"``
+(the same, counting padding as data); in the recurrent cell, ``"batch_per_step"``
+(:class:`~lnbook.norms.TimeStepBatchNorm`); ``"weight"`` (weight normalization of the layers
+that feed the norm, and no norm layer); and every norm over one example's features
+(:data:`~lnbook.norms.EXAMPLE_NORMS`: ``"layer"``, ``"group4"`` with 4 groups of consecutive
+features, ``"rms"``, ``"dyt"``, ``"detach"``, ``"adanorm"``). ``"instance"`` is refused, with
+the reason.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
-from torch.nn.utils import parametrize
 
-from ._checks import describe
-from .norms import AdaNorm, DetachNorm, DyT, LayerNorm, MaskedBatchNorm1d, RMSNorm, TimeStepBatchNorm
-
-INSTANCE_REFUSED = (
-    "norm='instance' has nothing to normalize over in a hidden vector (B, H): InstanceNorm "
-    "normalizes each feature over the spatial positions of one example, and here each "
-    "feature has a single value, so (x - mean) is 0 and the output is the bias for every "
-    "input (torch.nn.InstanceNorm1d on (B, H, 1) raises; GroupNorm(H, H) returns the bias)"
-)
+from .norms import EXAMPLE_NORMS, PicklesWithParametrizations, apply_norm, check_norm, norm_layer
 
 
-def _check_choice(value: str, choices: tuple[str, ...], name: str) -> str:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {choices}, got {describe(value)}")
-    return value
-
-
-def _check_norm(norm: str, choices: tuple[str, ...]) -> str:
-    """``_check_choice`` for a norm name, explaining why ``"instance"`` is not one."""
-    if norm == "instance":
-        raise ValueError(INSTANCE_REFUSED)
-    return _check_choice(norm, choices, "norm")
-
-
-def _norm_layer(kind: str, size: int, max_steps: int | None = None) -> nn.Module:
-    """The module a norm name stands for (see the module docstring), over ``size`` features."""
-    if kind == "layer":
-        return LayerNorm(size)
-    if kind in ("batch", "batch_unmasked"):
-        return MaskedBatchNorm1d(size)
-    if kind == "batch_per_step":
-        return TimeStepBatchNorm(size, max_steps)
-    if kind == "group4":
-        return nn.GroupNorm(4, size)
-    if kind == "rms":
-        return RMSNorm(size)
-    if kind == "dyt":
-        return DyT(size)
-    if kind == "detach":
-        return DetachNorm(size)
-    if kind == "adanorm":
-        return AdaNorm(size)
-    return nn.Identity()
-
-
-def _rebuild(cls: type, args: tuple, kwargs: dict, state: dict, training: bool) -> nn.Module:
-    """``cls(*args, **kwargs)`` with ``state`` loaded and the training flag set: an unpickled copy."""
-    model = cls(*args, **kwargs)
-    model.load_state_dict(state)
-    return model.train(training)
-
-
-class _PicklesWithParametrizations:
-    """Mixin for a module that keeps its constructor arguments in ``self.init_args``
-    (``(args, kwargs)``). Torch refuses to pickle a module with parametrizations (weight
-    normalization), yet :func:`lnbook.train.fit_many` sends models to worker processes and
-    back; such a module pickles as its class, constructor arguments and state dict instead.
-    Modules without parametrizations pickle as usual."""
-
-    init_args: tuple[tuple, dict[str, Any]]
-
-    def __reduce_ex__(self, protocol: int) -> str | tuple:
-        if not any(parametrize.is_parametrized(m) for m in self.modules()):
-            return super().__reduce_ex__(protocol)
-        cls = parametrize.type_before_parametrizations(self)
-        return _rebuild, (cls, *self.init_args, self.state_dict(), self.training)
-
-
-class MLP(_PicklesWithParametrizations, nn.Module):
+class MLP(PicklesWithParametrizations, nn.Module):
     """Flatten, then ``[Linear -> norm -> ReLU] * len(hidden) -> Linear``.
 
     Input ``(B, ...)`` with ``in_features`` numbers per example; output logits ``(B, n_classes)``.
-    ``norm``: ``"none"``, ``"batch"`` (BatchNorm over the batch), ``"layer"``, or one of the
-    norms over an example's features in the module docstring (``"group4"``, ``"rms"``,
-    ``"dyt"``, ``"detach"``, ``"adanorm"``); ``"weight"``: no norm layer, the hidden Linear
+    ``norm``: ``"none"``, ``"batch"`` (BatchNorm over the batch), or a norm over an example's
+    features (``"layer"``, ``"group4"``, ``"rms"``, ``"dyt"``, ``"detach"``, ``"adanorm"``, and
+    any added to :data:`lnbook.norms.NORMS`); ``"weight"``: no norm layer, the hidden Linear
     layers weight-normalized (``torch.nn.utils.parametrizations.weight_norm``, one gain per
     output feature, initialized to leave the layer unchanged), the output layer not.
     """
 
-    NORMS = ("none", "batch", "layer", "group4", "weight", "rms", "dyt", "detach", "adanorm")
+    NORMS = ("none", "batch", "weight", *EXAMPLE_NORMS)
 
     def __init__(self, in_features: int, hidden: tuple[int, ...], n_classes: int, norm: str = "none") -> None:
         super().__init__()
-        self.norm = _check_norm(norm, self.NORMS)
+        self.norm = check_norm(norm, self.NORMS)
         self.init_args = ((in_features, hidden, n_classes, norm), {})
         layers: list[nn.Module] = [nn.Flatten()]
         width = in_features
         for h in hidden:
             layers.append(nn.Linear(width, h))
-            if norm == "weight":
+            if self.norm == "weight":
                 nn.utils.parametrizations.weight_norm(layers[-1])
-            elif norm != "none":
-                layers.append(_norm_layer(norm, h))
+            elif self.norm != "none":
+                layers.append(norm_layer(self.norm, h))
             layers.append(nn.ReLU())
             width = h
         layers.append(nn.Linear(width, n_classes))
@@ -130,16 +59,15 @@ class GRUClassifier(nn.Module):
     sequence's true length -> Linear -> logits (B, n_classes)``. The GRU runs on packed
     sequences, so padding reaches the output only through the norm: ``"batch_unmasked"``
     counts the padded steps in its statistics, ``"batch"`` leaves them out, and ``"layer"``
-    normalizes each step alone.
+    (or another norm over an example's features) normalizes each step alone.
     """
 
-    NORMS = ("none", "batch_unmasked", "batch", "layer")
+    NORMS = ("none", "batch_unmasked", "batch", *EXAMPLE_NORMS)
 
     def __init__(self, input_size: int, hidden_size: int, n_classes: int, norm: str = "none") -> None:
         super().__init__()
-        self.norm_kind = _check_choice(norm, self.NORMS, "norm")
         self.embed = nn.Linear(input_size, hidden_size)
-        self.norm = _norm_layer(norm, hidden_size)
+        self.norm = norm_layer(check_norm(norm, self.NORMS), hidden_size)
         self.rnn = nn.GRU(hidden_size, hidden_size, batch_first=True)
         self.head = nn.Linear(hidden_size, n_classes)
 
@@ -148,11 +76,7 @@ class GRUClassifier(nn.Module):
             raise ValueError(f"lengths must be (B,) = ({x.shape[0]},) with values in 1..{x.shape[1]}")
         x = x[:, : int(lengths.max())]  # drop steps that are padding for the whole batch
         mask = torch.arange(x.shape[1], device=x.device) < lengths[:, None].to(x.device)
-        h = self.embed(x)
-        if self.norm_kind == "batch":
-            h = self.norm(h, mask)
-        else:
-            h = self.norm(h)
+        h = apply_norm(self.norm, self.embed(x), mask)
         packed = nn.utils.rnn.pack_padded_sequence(torch.tanh(h), lengths.cpu(), batch_first=True, enforce_sorted=False)
         _, last = self.rnn(packed)  # (1, B, H): each sequence's state after its last real step
         return self.head(last[0])
@@ -161,27 +85,25 @@ class GRUClassifier(nn.Module):
 class NormRNNCell(nn.Module):
     """An Elman cell with the norm inside the recurrence: ``h' = tanh(norm(W_x x + W_h h + b))``.
 
-    ``norm``: ``"none"``, ``"layer"``, ``"batch"`` (one set of batch statistics shared by all
-    time steps) or ``"batch_per_step"`` (statistics of step t for step t, up to ``max_steps``).
+    ``norm``: ``"none"``, ``"layer"`` (or another norm over an example's features), ``"batch"``
+    (one set of batch statistics shared by all time steps) or ``"batch_per_step"`` (statistics
+    of step t for step t, up to ``max_steps``).
     Shapes: ``x (B, F)``, ``h (B, H)`` and the step ``t`` -> ``(B, H)``.
     """
 
-    NORMS = ("none", "layer", "batch", "batch_per_step")
+    NORMS = ("none", "batch", "batch_per_step", *EXAMPLE_NORMS)
 
     def __init__(self, input_size: int, hidden_size: int, norm: str = "none", max_steps: int | None = None) -> None:
         super().__init__()
-        self.norm_kind = _check_choice(norm, self.NORMS, "norm")
-        if norm == "batch_per_step" and max_steps is None:
-            raise ValueError("norm='batch_per_step' needs max_steps, the longest training sequence")
+        norm = check_norm(norm, self.NORMS)
         self.hidden_size = hidden_size
         self.wx = nn.Linear(input_size, hidden_size)
         self.wh = nn.Linear(hidden_size, hidden_size, bias=False)
         nn.init.orthogonal_(self.wh.weight)
-        self.norm = _norm_layer(norm, hidden_size, max_steps)
+        self.norm = norm_layer(norm, hidden_size, max_steps=max_steps)
 
     def forward(self, x: torch.Tensor, h: torch.Tensor, t: int) -> torch.Tensor:
-        a = self.wx(x) + self.wh(h)
-        return torch.tanh(self.norm(a, t) if self.norm_kind == "batch_per_step" else self.norm(a))
+        return torch.tanh(apply_norm(self.norm, self.wx(x) + self.wh(h), t=t))
 
 
 class RNNClassifier(nn.Module):

@@ -1,16 +1,35 @@
-"""Normalization layers as ``torch.nn.Module``s: LayerNorm, RMSNorm, DyT, DetachNorm, AdaNorm,
-and the batch norms Part I measures."""
+"""Normalization layers as ``torch.nn.Module``s (LayerNorm, RMSNorm, DyT, DetachNorm, AdaNorm,
+GroupNorm and the batch norms Part I measures), and the table that names them.
+
+Every model of the package takes its norm by name, from one table (:data:`NORMS`), builds it
+with :func:`norm_layer` and calls it with :func:`apply_norm`, which hands a norm the mask of
+real positions and the time step when its ``forward`` takes them (``mask``, ``t``).
+"""
 
 from __future__ import annotations
 
-import math
+import functools
+import inspect
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
-from ._checks import check_eps, check_mask_shape, check_normalized_shape, check_positive_int, check_trailing, describe
-from .functional import check_float_tensor, layer_norm
+from ._checks import (
+    check_choice,
+    check_eps,
+    check_float_tensor,
+    check_int,
+    check_mask_shape,
+    check_normalized_shape,
+    check_number,
+    check_positive_int,
+    check_trailing,
+)
+from .functional import all_reduce_sum, layer_norm
 
 
 class LayerNorm(nn.Module):
@@ -60,6 +79,14 @@ class LayerNorm(nn.Module):
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
 
 
+def _statistics_input(x: torch.Tensor, normalized_shape: tuple[int, ...]) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """``x`` checked to end with ``normalized_shape``, in float32 if it is float16 or bfloat16
+    (the precision of the statistics), and the dimensions to normalize over."""
+    check_float_tensor(x, "x")
+    check_trailing(tuple(x.shape), normalized_shape)
+    return (x.float() if x.dtype in (torch.float16, torch.bfloat16) else x), tuple(range(-len(normalized_shape), 0))
+
+
 class RMSNorm(nn.Module):
     """RMSNorm (Zhang & Sennrich, 2019): ``y = weight * x / sqrt(mean(x**2) + eps)``.
 
@@ -76,10 +103,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(self.normalized_shape)) if elementwise_affine else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_float_tensor(x, "x")
-        check_trailing(tuple(x.shape), self.normalized_shape)
-        dims = tuple(range(-len(self.normalized_shape), 0))
-        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        xf, dims = _statistics_input(x, self.normalized_shape)
         y = xf * torch.rsqrt(xf.pow(2).mean(dim=dims, keepdim=True) + self.eps)
         if self.weight is not None:
             y = y * self.weight
@@ -100,9 +124,7 @@ class DyT(nn.Module):
     def __init__(self, normalized_shape: int | Sequence[int], alpha_init: float = 0.5) -> None:
         super().__init__()
         self.normalized_shape = check_normalized_shape(normalized_shape)
-        if isinstance(alpha_init, bool) or not isinstance(alpha_init, (int, float)) or not math.isfinite(alpha_init):
-            raise ValueError(f"alpha_init must be a finite number, got {describe(alpha_init)}")
-        self.alpha = nn.Parameter(torch.tensor(float(alpha_init)))
+        self.alpha = nn.Parameter(torch.tensor(check_number(alpha_init, "alpha_init", "a finite number")))
         self.weight = nn.Parameter(torch.ones(self.normalized_shape))
         self.bias = nn.Parameter(torch.zeros(self.normalized_shape))
 
@@ -136,10 +158,7 @@ class DetachNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(self.normalized_shape)) if elementwise_affine else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_float_tensor(x, "x")
-        check_trailing(tuple(x.shape), self.normalized_shape)
-        dims = tuple(range(-len(self.normalized_shape), 0))
-        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        xf, dims = _statistics_input(x, self.normalized_shape)
         var, mean = torch.var_mean(xf.detach(), dim=dims, correction=0, keepdim=True)
         y = (xf - mean) * torch.rsqrt(var + self.eps)
         if self.weight is not None:
@@ -166,11 +185,8 @@ class AdaNorm(nn.Module):
     def __init__(self, normalized_shape: int | Sequence[int], k: float = 0.1, C: float = 1.0, eps: float = 1e-5) -> None:
         super().__init__()
         self.normalized_shape = check_normalized_shape(normalized_shape)
-        if isinstance(k, bool) or not isinstance(k, (int, float)) or not (math.isfinite(k) and k >= 0):
-            raise ValueError(f"k must be a finite number >= 0, got {describe(k)}")
-        if isinstance(C, bool) or not isinstance(C, (int, float)) or not (math.isfinite(C) and C > 0):
-            raise ValueError(f"C must be a finite number > 0, got {describe(C)}")
-        self.k, self.C = float(k), float(C)
+        self.k = check_number(k, "k", "a finite number >= 0", lambda v: v >= 0)
+        self.C = check_number(C, "C", "a finite number > 0", lambda v: v > 0)
         self.eps = check_eps(eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -206,8 +222,6 @@ def _masked_moments(
     """
     f = x.shape[-1]
     if process_group is not None:
-        from .parallel import all_reduce_sum
-
         xd = x.double()  # float64 sums: E[x^2] - E[x]^2 cancels badly in float32 at large means
         ones = torch.ones_like(xd) if real is None else real.to(xd.dtype).expand_as(xd)
         sums = torch.stack([ones, xd, xd * xd]).reshape(3, -1, f).sum(1)
@@ -237,12 +251,6 @@ def _update_running(mean_buf, var_buf, mean, var, n: int, momentum: float) -> No
         var_buf.lerp_(var.detach() * n / (n - 1), momentum)
 
 
-def _check_momentum(momentum: object) -> float:
-    if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0 <= momentum <= 1:
-        raise ValueError(f"momentum must be a number in [0, 1], got {describe(momentum)}")
-    return float(momentum)
-
-
 class _BatchNormBase(nn.Module):
     """Parameters, buffers and the affine output shared by the two batch norms below."""
 
@@ -250,7 +258,7 @@ class _BatchNormBase(nn.Module):
         super().__init__()
         (self.num_features,) = check_normalized_shape(num_features)
         self.eps = check_eps(eps)
-        self.momentum = _check_momentum(momentum)
+        self.momentum = check_number(momentum, "momentum", "a number in [0, 1]", lambda v: 0 <= v <= 1)
         self.affine = affine
         f = self.num_features
         self.weight = nn.Parameter(torch.ones(f)) if affine else None
@@ -354,8 +362,7 @@ class TimeStepBatchNorm(_BatchNormBase):
         return self._step(x, t, mask)
 
     def _step(self, x: torch.Tensor, t: int, mask: torch.Tensor | None) -> torch.Tensor:
-        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-            raise ValueError(f"t must be a non-negative int (the time step), got {describe(t)}")
+        check_int(t, "t", 0, "a non-negative int (the time step)")
         x, real = self._real_input(x, mask)
         if not self.training:
             s = min(t, self.max_steps - 1)
@@ -378,6 +385,141 @@ class TimeStepBatchNorm(_BatchNormBase):
         if t == 0:
             self.num_batches_tracked += 1
         return self._affine(x, real, mean, var)
+
+
+class UnmaskedBatchNorm1d(MaskedBatchNorm1d):
+    """:class:`MaskedBatchNorm1d` that takes no mask: on a padded batch, the padding counts as
+    data in its statistics (the padding-polluted BatchNorm chapter 02 measures)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x)
+
+
+class GroupNorm(nn.GroupNorm):
+    """``torch.nn.GroupNorm`` over the last dimension of any ``(*, F)`` input: each position's
+    ``F`` features in ``num_groups`` groups of consecutive features, each group normalized
+    alone (on ``(B, F)`` exactly ``torch.nn.GroupNorm``). Shapes: ``(*, F)`` -> the same."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_float_tensor(x, "x")
+        return super().forward(x.reshape(-1, x.shape[-1])).reshape(x.shape)
+
+
+@dataclass(frozen=True)
+class NormKind:
+    """A row of :data:`NORMS`: ``build(size)`` makes the module over ``size`` features, and
+    ``over`` says what its statistics are taken over: ``"example"`` (one position's features,
+    whatever the leading shape), ``"batch"`` (every real position of the batch), ``"step"``
+    (the batch at one time step), ``"weights"`` (no layer: the model reparametrizes its
+    weights) or ``"nothing"``."""
+
+    build: Callable[[int], nn.Module]
+    over: str
+
+
+NORMS: dict[str, NormKind] = {
+    "none": NormKind(lambda size: nn.Identity(), "nothing"),
+    "layer": NormKind(LayerNorm, "example"),
+    "group4": NormKind(lambda size: GroupNorm(4, size), "example"),
+    "rms": NormKind(RMSNorm, "example"),
+    "dyt": NormKind(DyT, "example"),
+    "detach": NormKind(DetachNorm, "example"),
+    "adanorm": NormKind(AdaNorm, "example"),
+    "batch": NormKind(MaskedBatchNorm1d, "batch"),
+    "batch_unmasked": NormKind(UnmaskedBatchNorm1d, "batch"),
+    "batch_per_step": NormKind(TimeStepBatchNorm, "step"),  # built by norm_layer, with max_steps
+    "weight": NormKind(lambda size: nn.Identity(), "weights"),
+}
+"""The norms by name: the one vocabulary of every model's ``norm`` setting."""
+
+EXAMPLE_NORMS = tuple(name for name, kind in NORMS.items() if kind.over == "example")
+"""The norms over one example's features, which every model accepts."""
+
+ALIASES = {"layernorm": "layer", "rmsnorm": "rms", "batchnorm": "batch"}
+"""Older spellings (chapter 06's) that :func:`check_norm` accepts."""
+
+INSTANCE_REFUSED = (
+    "norm='instance' has nothing to normalize over in a hidden vector (B, H): InstanceNorm "
+    "normalizes each feature over the spatial positions of one example, and here each "
+    "feature has a single value, so (x - mean) is 0 and the output is the bias for every "
+    "input (torch.nn.InstanceNorm1d on (B, H, 1) raises; GroupNorm(H, H) returns the bias)"
+)
+
+
+def check_norm(norm: object, allowed: Sequence[str]) -> str:
+    """The table name of ``norm`` (an alias resolved) if it is one of ``allowed``, else raise
+    ``ValueError`` listing them (and saying why ``"instance"`` is not one)."""
+    if not isinstance(norm, str):
+        return check_choice(norm, allowed, "norm")  # raises, naming the type
+    if norm == "instance":
+        raise ValueError(INSTANCE_REFUSED)
+    return check_choice(ALIASES.get(norm, norm), allowed, "norm")
+
+
+def norm_layer(kind: str, size: int, *, max_steps: int | None = None, native: bool = False) -> nn.Module:
+    """The module that :data:`NORMS` names ``kind`` (or an alias), over ``size`` features.
+
+    ``max_steps``: the longest training sequence, which ``"batch_per_step"`` needs (and the
+    other norms ignore). ``native``: for ``"layer"``, torch's ``nn.LayerNorm`` (one fused
+    kernel) instead of :class:`LayerNorm` (the book's hand-written backward).
+    """
+    name = check_norm(kind, tuple(NORMS))
+    if name == "layer" and native:
+        return nn.LayerNorm(size)
+    if name == "batch_per_step":
+        if max_steps is None:
+            raise ValueError("norm='batch_per_step' needs max_steps, the longest training sequence")
+        return TimeStepBatchNorm(size, max_steps)
+    return NORMS[name].build(size)
+
+
+@functools.cache
+def _takes(cls: type) -> tuple[bool, bool]:
+    parameters = inspect.signature(cls.forward).parameters
+    return "mask" in parameters, "t" in parameters
+
+
+def apply_norm(norm: nn.Module, x: torch.Tensor, mask: torch.Tensor | None = None, t: int | None = None) -> torch.Tensor:
+    """``norm(x)``, handing ``norm`` the ``mask`` of real positions (shape ``x.shape[:-1]``) if
+    its ``forward`` takes a ``mask``, and the time step ``t`` if it takes a ``t``: the one way
+    every model calls its norms. Shapes: ``x (*, F)`` -> the same."""
+    takes_mask, takes_t = _takes(type(norm))
+    options: dict[str, Any] = {}
+    if takes_mask:
+        options["mask"] = mask
+    if takes_t:
+        options["t"] = t
+    return norm(x, **options)
+
+
+def batch_statistics(model: nn.Module) -> bool:
+    """Whether any module of ``model`` normalizes with the statistics of its batch in training
+    (the batch norms here, or torch's)."""
+    torch_batch_norms = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+    return any(isinstance(m, (MaskedBatchNorm1d, TimeStepBatchNorm, *torch_batch_norms)) for m in model.modules())
+
+
+def _rebuild(cls: type, args: tuple, kwargs: dict, state: dict, training: bool) -> nn.Module:
+    """``cls(*args, **kwargs)`` with ``state`` loaded and the training flag set: an unpickled copy."""
+    model = cls(*args, **kwargs)
+    model.load_state_dict(state)
+    return model.train(training)
+
+
+class PicklesWithParametrizations:
+    """Mixin for a module that keeps its constructor arguments in ``self.init_args``
+    (``(args, kwargs)``). Torch refuses to pickle a module with parametrizations (weight
+    normalization, norm ``"weight"``), yet :func:`lnbook.train.fit_many` sends models to
+    worker processes and back; such a module pickles as its class, constructor arguments and
+    state dict instead. Modules without parametrizations pickle as usual."""
+
+    init_args: tuple[tuple, dict[str, Any]]
+
+    def __reduce_ex__(self, protocol: int) -> str | tuple:
+        if not any(parametrize.is_parametrized(m) for m in self.modules()):
+            return super().__reduce_ex__(protocol)
+        cls = parametrize.type_before_parametrizations(self)
+        return _rebuild, (cls, *self.init_args, self.state_dict(), self.training)
 
 
 def swap_modules(model: nn.Module, replacement: Callable[[nn.Module], nn.Module | None]) -> int:

@@ -1,8 +1,8 @@
 """Data-parallel training on the CPU with ``torch.distributed`` (gloo), to measure what
 BatchNorm and LayerNorm cost when a batch is split across replicas.
 
-:func:`all_reduce_sum` is the one collective the book uses; it counts its calls, so that
-the chapter reports measured collective counts rather than counting by hand.
+Synchronized BatchNorm sums its statistics with :func:`lnbook.functional.all_reduce_sum`,
+which counts its calls; the runs here report those counts per step.
 """
 
 from __future__ import annotations
@@ -11,41 +11,21 @@ import os
 import socket
 import sys
 import tempfile
-from collections import Counter
 
 import torch
 import torch.distributed as dist
 
-from ._checks import describe
+from . import data, utils
+from ._checks import check_int, describe
+from .functional import COLLECTIVES
+from .models import MLP
+from .norms import MaskedBatchNorm1d
 
-CALLS: Counter = Counter()  # collective calls made in this process, by kind
-
-
-class _AllReduceSum(torch.autograd.Function):
-    """Sum a tensor over all replicas; the gradient of a sum is the sum of the gradients."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        out = x.clone()
-        CALLS["forward"] += 1
-        dist.all_reduce(out, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.clone()
-        CALLS["backward"] += 1
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
+RUNS = ("batch", "sync_batch", "layer")  # norm "batch", the same with synchronized statistics, "layer"
 
 
-def all_reduce_sum(x: torch.Tensor, group: object | None = None) -> torch.Tensor:
-    """Differentiable sum of ``x`` over every process in ``group`` (default: all)."""
-    return _AllReduceSum.apply(x, group)
-
-
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that no process listens on now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -53,10 +33,6 @@ def _free_port() -> int:
 
 def _worker(rank: int, world_size: int, port: int, norms: tuple[str, ...], steps: int, out_dir: str) -> None:
     sys.stdout = sys.stderr = open(os.devnull, "w")  # keep the workers quiet in a notebook
-    from . import data, utils
-    from .models import MLP
-    from .norms import MaskedBatchNorm1d
-
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     (x, y), _ = data.digits_sequences("pixel")
@@ -74,7 +50,7 @@ def _worker(rank: int, world_size: int, port: int, norms: tuple[str, ...], steps
             bn.process_group = dist.group.WORLD if norm == "sync_batch" else None
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         g = torch.Generator().manual_seed(rank)
-        CALLS.clear()
+        COLLECTIVES.clear()
         means, probe_out = [], []
         for _ in range(steps):
             idx = torch.randperm(len(ys), generator=g)[:31]
@@ -86,13 +62,13 @@ def _worker(rank: int, world_size: int, port: int, norms: tuple[str, ...], steps
             opt.zero_grad()
             loss.backward()
             flat = torch.cat([p.grad.flatten() for p in model.parameters()])
-            CALLS["gradients"] += 1
+            COLLECTIVES["gradients"] += 1
             dist.all_reduce(flat)  # average the gradients: one bucket, as DDP would
             flat /= world_size
             torch.nn.utils.vector_to_parameters(flat, [p.grad for p in model.parameters()])
             opt.step()
         results[norm] = {
-            "calls_per_step": {k: v / steps for k, v in CALLS.items()},
+            "calls_per_step": {k: v / steps for k, v in COLLECTIVES.items()},
             "running_mean": means[-1],
             "probe_output": torch.stack(probe_out),
             "params": torch.nn.utils.parameters_to_vector(model.parameters()).detach(),
@@ -115,11 +91,9 @@ def data_parallel_run(
     ``running_mean`` (first norm layer, ``(32,)``; empty for LayerNorm), ``probe_output``
     (``(steps, 10)`` logits of the probe example) and ``params`` (final, flattened).
     """
-    unknown = set(norms) - {"batch", "sync_batch", "layer"}
-    if unknown or not norms:
-        raise ValueError(f"norms must be drawn from ('batch', 'sync_batch', 'layer'), got {describe(norms)}")
-    if not isinstance(world_size, int) or world_size < 2:
-        raise ValueError(f"world_size must be an int >= 2, got {describe(world_size)}")
+    if not norms or not set(norms) <= set(RUNS):
+        raise ValueError(f"norms must be drawn from {RUNS}, got {describe(norms)}")
+    check_int(world_size, "world_size", 2)
     with tempfile.TemporaryDirectory() as out_dir:
-        torch.multiprocessing.spawn(_worker, args=(world_size, _free_port(), tuple(norms), steps, out_dir), nprocs=world_size)
+        torch.multiprocessing.spawn(_worker, args=(world_size, free_port(), tuple(norms), steps, out_dir), nprocs=world_size)
         return [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(world_size)]

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from ._checks import check_positive_int, describe
-from .norms import _BatchNormBase
-from .train import _check_lr, _update
+from ._checks import check_int, check_number, check_positive_int, describe
+from .norms import batch_statistics
+from .train import evaluating, optimizer_step, prepare
 
 BATCHES = ("recent", "replay")
 
@@ -41,14 +41,9 @@ class RandomWalk:
     features: int = 8
 
     def __post_init__(self) -> None:
-        check_positive_int(self.n_states, "n_states")
-        if self.n_states < 2:
-            raise ValueError(f"n_states must be at least 2, got {self.n_states}")
-        if isinstance(self.gamma, bool) or not isinstance(self.gamma, (int, float)) or not 0 <= self.gamma < 1:
-            raise ValueError(f"gamma must be a number in [0, 1), got {describe(self.gamma)}")
-        check_positive_int(self.features, "features")
-        if self.features < 2:
-            raise ValueError(f"features must be at least 2 (one bump cannot tell states apart), got {self.features}")
+        check_int(self.n_states, "n_states", 2)
+        check_number(self.gamma, "gamma", "a number in [0, 1)", lambda v: 0 <= v < 1)
+        check_int(self.features, "features", 2, "an int >= 2 (one bump cannot tell states apart)")
 
     def _along(self, positions: torch.Tensor) -> torch.Tensor:
         """How far along the chain each state lies, from 0 to 1, float64."""
@@ -134,15 +129,11 @@ class TDHistory:
     wall_time: list[float] = field(default_factory=list)
 
 
-@torch.no_grad()
 def value_error(model: nn.Module, chain: RandomWalk) -> float:
     """RMS difference between ``model``'s values, in eval mode (a BatchNorm uses its running
     statistics), and the true values, over all ``n_states`` states."""
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    values = model(chain.encode(torch.arange(chain.n_states)).to(device)).reshape(-1).double().cpu()
-    model.train(was_training)
+    with evaluating(model) as device:
+        values = model(chain.encode(torch.arange(chain.n_states)).to(device)).reshape(-1).double().cpu()
     return float((values - chain.true_values()).pow(2).mean().sqrt())
 
 
@@ -181,20 +172,17 @@ def td_learn(
     check_positive_int(steps, "steps")
     check_positive_int(batch_size, "batch_size")
     check_positive_int(eval_every, "eval_every")
-    _check_lr(lr)
     if steps < batch_size:
         raise ValueError(f"steps must be at least batch_size = {batch_size} (the first batch), got {steps}")
-    if batch_size < 2 and any(isinstance(m, (_BatchNormBase, nn.modules.batchnorm._BatchNorm)) for m in model.modules()):
+    if batch_size < 2 and batch_statistics(model):
         raise ValueError(
             "batch_size must be at least 2 for a model with BatchNorm: in training it normalizes each feature "
             "with the mean and variance of the batch, and one transition (s and s') is no sample of the states"
         )
-    params = list(model.parameters())
+    run = prepare(model, lr, seed)
     positions = chain.walk(steps, seed)
-    x, r = chain.encode(positions).to(params[0].device), chain.reward(positions).to(params[0].device)
-    opt = torch.optim.Adam(params, lr=lr)
+    x, r = chain.encode(positions).to(run.device), chain.reward(positions).to(run.device)
     history, elapsed = TDHistory(), 0.0
-    model.train()
     for t, idx in training_batches(steps, batch_size, batch, seed):
         start = time.perf_counter()
         out = model(torch.cat([x[idx], x[idx + 1]]))
@@ -202,7 +190,7 @@ def td_learn(
             raise ValueError(f"model must map (B, {chain.features}) states to (B, 1) values, got {tuple(out.shape)}")
         v, v_next = out.reshape(2, -1)
         loss = (v - r[idx] - chain.gamma * v_next.detach()).pow(2).mean()
-        history.step_loss.append(_update(opt, params, loss, None))
+        history.step_loss.append(optimizer_step(run.optimizer, loss))
         elapsed += time.perf_counter() - start
         if (t + 1) % eval_every == 0 or t + 1 == steps:
             history.steps.append(t + 1)

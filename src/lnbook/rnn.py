@@ -5,10 +5,11 @@ swaps in the book's own) goes where Ba et al. (2016) put it: separately on the i
 term ``W_x x`` and the hidden-to-hidden term ``W_h h`` (over all gates together), and, in
 the LSTM, on the cell state before the output ``tanh``. Batch normalization goes in the same
 places with one set of statistics per time step and gains initialized to 0.1, as Cooijmans
-et al. (2017) recommend. Constructor flags switch each placement on or off. The other norms
-of :mod:`lnbook.models` (``"group4"``, ``"rms"``, ``"dyt"``, ``"detach"``, ``"adanorm"``) go
-in the same places; ``"weight"`` weight-normalizes ``weight_ih`` (for the input term) and
-``weight_hh`` (for the hidden term) instead, with no norm layer.
+et al. (2017) recommend: in a cell, ``"batch"`` is the table's ``"batch_per_step"``.
+Constructor flags switch each placement on or off. Every other norm over an example's
+features (:data:`lnbook.norms.EXAMPLE_NORMS`) goes in the same places; ``"weight"``
+weight-normalizes ``weight_ih`` (for the input term) and ``weight_hh`` (for the hidden term)
+instead, with no norm layer.
 
 Parameter names follow ``torch.nn.LSTMCell`` / ``torch.nn.GRUCell`` (``weight_ih``,
 ``weight_hh``, ``bias_ih``, ``bias_hh``, gates in PyTorch's order), so weights copy over.
@@ -21,14 +22,13 @@ import math
 import torch
 from torch import nn
 
-from ._checks import check_positive_int, describe
-from .models import _check_norm, _norm_layer, _PicklesWithParametrizations
-from .norms import TimeStepBatchNorm
+from ._checks import check_int, check_positive_int
+from .norms import EXAMPLE_NORMS, PicklesWithParametrizations, TimeStepBatchNorm, apply_norm, check_norm, norm_layer
 
-NORMS = ("none", "layer", "batch", "group4", "weight", "rms", "dyt", "detach", "adanorm")
+NORMS = ("none", "batch", "weight", *EXAMPLE_NORMS)
 
 
-class _NormedCell(_PicklesWithParametrizations, nn.Module):
+class _NormedCell(PicklesWithParametrizations, nn.Module):
     """Weights, initialization and the three optional norms shared by the LSTM and GRU cells."""
 
     GATES = 1
@@ -48,7 +48,7 @@ class _NormedCell(_PicklesWithParametrizations, nn.Module):
         super().__init__()
         self.input_size = check_positive_int(input_size, "input_size")
         self.hidden_size = check_positive_int(hidden_size, "hidden_size")
-        _check_norm(norm, NORMS)
+        norm = check_norm(norm, NORMS)
         if norm == "batch" and max_steps is None:
             raise ValueError("norm='batch' needs max_steps: BatchNorm keeps statistics per time step")
         self.norm = norm
@@ -67,34 +67,23 @@ class _NormedCell(_PicklesWithParametrizations, nn.Module):
         placements = dict(norm_input=norm_input, norm_hidden=norm_hidden, norm_cell=norm_cell)
         self.init_args = ((input_size, hidden_size, norm), dict(placements, max_steps=max_steps, bn_gain=bn_gain))
 
-        def make(on: bool, size: int) -> nn.Module | None:
-            if norm in ("none", "weight") or not on:
-                return None
-            if norm == "layer":
-                return nn.LayerNorm(size)  # torch's fused kernel: one launch per call
-            if norm != "batch":
-                return _norm_layer(norm, size)
-            bn = TimeStepBatchNorm(size, max_steps)
-            nn.init.constant_(bn.weight, bn_gain)
-            nn.init.zeros_(bn.bias)  # the cell's own biases do the shifting
-            return bn
+        def make(on: bool, size: int) -> nn.Module:
+            """The norm of one placement (identity when off); LayerNorm is torch's fused kernel."""
+            module = norm_layer(("batch_per_step" if norm == "batch" else norm) if on else "none", size,
+                                max_steps=max_steps, native=True)
+            if isinstance(module, TimeStepBatchNorm):
+                nn.init.constant_(module.weight, bn_gain)
+                nn.init.zeros_(module.bias)  # the cell's own biases do the shifting
+            return module
 
         self.norm_ih = make(norm_input, width)
         self.norm_hh = make(norm_hidden, width if self.GATES == 4 else 2 * hidden_size)
         self.norm_c = make(norm_cell and self.GATES == 4, hidden_size)
 
-    def _normed(self, module: nn.Module | None, a: torch.Tensor, t: int, mask: torch.Tensor | None) -> torch.Tensor:
-        if module is None:
-            return a
-        if isinstance(module, TimeStepBatchNorm):
-            return module(a, t, mask)
-        return module(a)
-
     def _check(self, x: torch.Tensor, t: int) -> None:
         if x.ndim != 2 or x.shape[1] != self.input_size:
             raise ValueError(f"x must have shape (B, {self.input_size}), got {tuple(x.shape)}")
-        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-            raise ValueError(f"t must be a non-negative int (the time step), got {describe(t)}")
+        check_int(t, "t", 0, "a non-negative int (the time step)")
 
 
 class LSTMCell(_NormedCell):
@@ -116,14 +105,14 @@ class LSTMCell(_NormedCell):
         self._check(x, t)
         h, c = state
         gates = (
-            self._normed(self.norm_ih, x @ self.weight_ih.T, t, mask)
-            + self._normed(self.norm_hh, h @ self.weight_hh.T, t, mask)
+            apply_norm(self.norm_ih, x @ self.weight_ih.T, mask, t)
+            + apply_norm(self.norm_hh, h @ self.weight_hh.T, mask, t)
             + self.bias_ih
             + self.bias_hh
         )
         i, f, g, o = gates.chunk(4, dim=1)
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-        h = torch.sigmoid(o) * torch.tanh(self._normed(self.norm_c, c, t, mask))
+        h = torch.sigmoid(o) * torch.tanh(apply_norm(self.norm_c, c, mask, t))
         return h, c
 
 
@@ -140,9 +129,9 @@ class GRUCell(_NormedCell):
     def forward(self, x: torch.Tensor, h: torch.Tensor, t: int = 0, mask: torch.Tensor | None = None) -> torch.Tensor:
         self._check(x, t)
         hs = self.hidden_size
-        gi = self._normed(self.norm_ih, x @ self.weight_ih.T, t, mask) + self.bias_ih
+        gi = apply_norm(self.norm_ih, x @ self.weight_ih.T, mask, t) + self.bias_ih
         gh = h @ self.weight_hh.T
-        rz_h = self._normed(self.norm_hh, gh[:, : 2 * hs], t, mask)
+        rz_h = apply_norm(self.norm_hh, gh[:, : 2 * hs], mask, t)
         r = torch.sigmoid(gi[:, :hs] + rz_h[:, :hs] + self.bias_hh[:hs])
         z = torch.sigmoid(gi[:, hs : 2 * hs] + rz_h[:, hs:] + self.bias_hh[hs : 2 * hs])
         n = torch.tanh(gi[:, 2 * hs :] + r * (gh[:, 2 * hs :] + self.bias_hh[2 * hs :]))

@@ -1,4 +1,10 @@
-"""A small, deterministic training loop for the book's classifiers."""
+"""Small, deterministic training loops, their pieces, and many runs side by side.
+
+The pieces every loop of the package shares: :func:`prepare` (optimizer, device and seeded
+generator), :func:`optimizer_step` and :func:`evaluating` (eval mode, no autograd, the model's
+device). :func:`start_runs` and :func:`finish_runs` queue one run per seed and collect them;
+:func:`smoothed` and :func:`updates_to` read a history's per-step losses.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +12,19 @@ import math
 import multiprocessing
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch import nn
 
-from ._checks import check_positive_int, describe
+from ._checks import check_choice, check_int, check_number, check_positive_int, describe
 from .data import Dataset
+from .utils import seed_everything
 
 OPTIMIZERS = ("adam", "sgd")
 
@@ -36,19 +46,65 @@ class History:
     steps_per_epoch: int = 0
 
 
-def _check_lr(lr: object) -> None:
-    if not (isinstance(lr, (int, float)) and lr > 0):
-        raise ValueError(f"lr must be a positive number, got {describe(lr)}")
+def smoothed(losses: Sequence[float], window: int = 10) -> np.ndarray:
+    """Moving average of per-step losses over ``window`` steps, ``(len(losses) - window + 1,)``
+    (the first ``window - 1`` steps have no full window and are dropped)."""
+    check_positive_int(window, "window")
+    return np.convolve(losses, np.ones(window) / window, mode="valid")
 
 
-def _update(opt: torch.optim.Optimizer, params: list[nn.Parameter], loss: torch.Tensor, grad_clip: float | None) -> float:
-    """One optimizer step on ``loss`` (gradient norm clipped to ``grad_clip`` if given); returns the loss."""
-    opt.zero_grad(set_to_none=True)
+def updates_to(history: History, level: float = 1.0, window: int = 10) -> int | None:
+    """The first update after which the ``window``-step mean of the training loss is below
+    ``level`` (None: never): how fast a run learns, counted in updates."""
+    below = np.flatnonzero(smoothed(history.step_loss, window) < level)
+    return int(below[0]) + window if len(below) else None
+
+
+class Run(NamedTuple):
+    """What a training loop starts from (:func:`prepare`)."""
+
+    optimizer: torch.optim.Optimizer
+    device: torch.device
+    generator: torch.Generator
+
+
+def prepare(model: nn.Module, lr: float, seed: int, optimizer: str = "adam") -> Run:
+    """The start of every training loop: check ``lr``, make the optimizer (``"adam"``, or
+    ``"sgd"`` with momentum 0.9) over the model's parameters, seed torch's global generator
+    (dropout) and a generator for the data order with ``seed``, and put the model in
+    training mode."""
+    check_number(lr, "lr", "a positive number", lambda v: v > 0)
+    check_choice(optimizer, OPTIMIZERS, "optimizer")
+    params = list(model.parameters())
+    opt = torch.optim.Adam(params, lr=lr) if optimizer == "adam" else torch.optim.SGD(params, lr=lr, momentum=0.9)
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    model.train()
+    return Run(opt, params[0].device, generator)
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, grad_clip: float | None = None) -> float:
+    """One step on ``loss``: gradients, their global norm clipped to ``grad_clip`` if given,
+    and the update of every parameter ``optimizer`` holds. Returns the loss as a float."""
+    optimizer.zero_grad(set_to_none=True)
     loss.backward()
     if grad_clip is not None:
-        nn.utils.clip_grad_norm_(params, grad_clip)
-    opt.step()
+        nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], grad_clip)
+    optimizer.step()
     return loss.item()
+
+
+@contextmanager
+def evaluating(model: nn.Module) -> Iterator[torch.device]:
+    """Inside the block, ``model`` is in eval mode and autograd records nothing; yields the
+    device of the model's parameters. The model's mode is restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield next(model.parameters()).device
+    finally:
+        model.train(was_training)
 
 
 def _check_dataset(data: object, name: str) -> Dataset:
@@ -62,17 +118,13 @@ def _check_dataset(data: object, name: str) -> Dataset:
     return data
 
 
-@torch.no_grad()
 def accuracy(model: nn.Module, data: Dataset, batch_size: int = 512) -> float:
     """Fraction of ``data = (inputs..., labels)`` that ``model`` (in eval mode) classifies right."""
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
     correct = 0
-    for i in range(0, len(data[-1]), batch_size):
-        *inputs, y = (t[i : i + batch_size].to(device) for t in data)
-        correct += int((model(*inputs).argmax(-1) == y).sum())
-    model.train(was_training)
+    with evaluating(model) as device:
+        for i in range(0, len(data[-1]), batch_size):
+            *inputs, y = (t[i : i + batch_size].to(device) for t in data)
+            correct += int((model(*inputs).argmax(-1) == y).sum())
     return correct / len(data[-1])
 
 
@@ -112,25 +164,17 @@ def fit(
     check_positive_int(batch_size, "batch_size")
     if max_steps is not None:
         check_positive_int(max_steps, "max_steps")
-    _check_lr(lr)
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {describe(optimizer)}")
-    params = list(model.parameters())
-    opt = torch.optim.Adam(params, lr=lr) if optimizer == "adam" else torch.optim.SGD(params, lr=lr, momentum=0.9)
-    device = params[0].device
-    generator = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
+    run = prepare(model, lr, seed, optimizer)
     n = len(train[-1])
     history = History(steps_per_epoch=n // batch_size if drop_last else -(-n // batch_size))
     seen = history.steps_per_epoch * batch_size if drop_last else n
     elapsed = 0.0
-    model.train()
     for _ in range(epochs):
         start, correct, count = time.perf_counter(), 0, 0
-        for idx in torch.randperm(n, generator=generator)[:seen].split(batch_size):
-            *inputs, y = (t[idx].to(device) for t in train)
+        for idx in torch.randperm(n, generator=run.generator)[:seen].split(batch_size):
+            *inputs, y = (t[idx].to(run.device) for t in train)
             logits = model(*inputs)
-            history.step_loss.append(_update(opt, params, nn.functional.cross_entropy(logits, y), grad_clip))
+            history.step_loss.append(optimizer_step(run.optimizer, nn.functional.cross_entropy(logits, y), grad_clip))
             correct += int((logits.argmax(-1) == y).sum())
             count += len(y)
             if len(history.step_loss) == max_steps:
@@ -142,8 +186,6 @@ def fit(
         if len(history.step_loss) == max_steps:
             break
     return history
-
-
 
 
 @dataclass
@@ -165,15 +207,11 @@ def _windows(ids: torch.Tensor, starts: torch.Tensor, block_size: int) -> tuple[
     return chunk[:, :-1], chunk[:, 1:]
 
 
-@torch.no_grad()
 def lm_loss(model: nn.Module, ids: torch.Tensor, block_size: int, batches: int = 4, batch_size: int = 32) -> float:
     """Mean next-token loss of ``model`` (in eval mode) on ``batches`` fixed windows of ``ids``."""
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
     starts = torch.randint(len(ids) - block_size, (batches, batch_size), generator=torch.Generator().manual_seed(0))
-    losses = [float(model.loss(*(t.to(device) for t in _windows(ids, s, block_size)))) for s in starts]
-    model.train(was_training)
+    with evaluating(model) as device:
+        losses = [float(model.loss(*(t.to(device) for t in _windows(ids, s, block_size)))) for s in starts]
     return sum(losses) / len(losses)
 
 
@@ -208,25 +246,18 @@ def fit_lm(
             raise TypeError(f"{name} must be a 1-D int64 tensor of token ids")
     for name, value in (("steps", steps), ("batch_size", batch_size), ("block_size", block_size), ("eval_every", eval_every)):
         check_positive_int(value, name)
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be a non-negative int, got {describe(warmup)}")
-    _check_lr(lr)
+    check_int(warmup, "warmup")
     if min(len(train_ids), len(val_ids)) <= block_size:
         raise ValueError(f"train_ids and val_ids must be longer than block_size = {block_size}")
-    params = list(model.parameters())
-    opt = torch.optim.Adam(params, lr=lr)
-    device = params[0].device
-    generator = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
+    run = prepare(model, lr, seed)
     history, elapsed = LMHistory(), 0.0
-    model.train()
     for step in range(1, steps + 1):
         start = time.perf_counter()
-        for group in opt.param_groups:
+        for group in run.optimizer.param_groups:
             group["lr"] = lr * min(1.0, step / warmup) if warmup else lr
-        starts = torch.randint(len(train_ids) - block_size, (batch_size,), generator=generator)
-        idx, targets = (t.to(device) for t in _windows(train_ids, starts, block_size))
-        history.step_loss.append(_update(opt, params, model.loss(idx, targets), grad_clip))
+        starts = torch.randint(len(train_ids) - block_size, (batch_size,), generator=run.generator)
+        idx, targets = (t.to(run.device) for t in _windows(train_ids, starts, block_size))
+        history.step_loss.append(optimizer_step(run.optimizer, model.loss(idx, targets), grad_clip))
         elapsed += time.perf_counter() - start
         if not math.isfinite(history.step_loss[-1]):
             history.diverged = True
@@ -285,3 +316,26 @@ def fit_many(jobs: Sequence[dict], workers: Executor | None = None) -> list[Futu
         futures.append(Future())
         futures[-1].set_result(fit_job(job))
     return futures
+
+
+def start_runs(
+    make: Callable[[], nn.Module],
+    seeds: Sequence[int],
+    workers: Executor | None = None,
+    device: torch.device | str | None = None,
+    **job: object,
+) -> list[Future]:
+    """Queue one run per seed: ``seed_everything(seed)``, a fresh ``make()`` (moved to
+    ``device`` if given) and ``fit_many`` of ``dict(model=..., seed=seed, **job)`` on
+    ``workers``. Returns the futures in the order of ``seeds``; :func:`finish_runs` waits for them."""
+    jobs = []
+    for seed in seeds:
+        seed_everything(seed)
+        model = make()
+        jobs.append(dict(model=model if device is None else model.to(device), seed=seed, **job))
+    return fit_many(jobs, workers)
+
+
+def finish_runs(started: Mapping[Hashable, Sequence[Future]]) -> dict[Hashable, list[tuple[nn.Module, object]]]:
+    """Wait for queued runs: ``{name: futures}`` -> ``{name: [(trained model, history) per seed]}``."""
+    return {name: [f.result() for f in futures] for name, futures in started.items()}

@@ -17,10 +17,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ._checks import check_positive_int, describe
-from .norms import DyT, MaskedBatchNorm1d, RMSNorm
+from ._checks import check_bool, check_choice, check_number, check_positive_int, describe
+from .norms import EXAMPLE_NORMS, apply_norm, check_norm, norm_layer
 
-NORMS = ("layernorm", "rmsnorm", "dyt", "none", "batchnorm")
+NORMS = ("none", "batch", *EXAMPLE_NORMS)  # and chapter 06's spellings "layernorm", "rmsnorm", "batchnorm"
 POSITIONS = ("pre", "post")
 
 
@@ -28,9 +28,10 @@ POSITIONS = ("pre", "post")
 class GPTConfig:
     """Sizes and the normalization of a :class:`TinyGPT`.
 
-    ``norm``: ``"layernorm"`` (torch's fused LayerNorm), ``"rmsnorm"``, ``"dyt"`` (Dynamic
-    Tanh), ``"none"``, or ``"batchnorm"`` (statistics over the real tokens of the whole batch,
-    to show why Transformers do not use it). ``norm_position``: ``"pre"`` or ``"post"``.
+    ``norm``: a name of :data:`lnbook.norms.NORMS` over one token's features: ``"layer"`` (or
+    ``"layernorm"``: torch's fused LayerNorm), ``"rms"`` (``"rmsnorm"``), ``"dyt"`` (Dynamic
+    Tanh), ...; ``"none"``; or ``"batch"`` (``"batchnorm"``: statistics over the real tokens of
+    the whole batch, to show why Transformers do not use it). ``norm_position``: ``"pre"`` or ``"post"``.
     ``final_norm``: one more norm after the last block (GPT-2's ``ln_f``). ``causal``: each
     token attends to itself and the tokens before it (a decoder); ``False``: to every token
     (an encoder, as over an image's patches).
@@ -52,33 +53,23 @@ class GPTConfig:
             check_positive_int(getattr(self, name), name)
         if self.d_model % self.n_head:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout must be a number in [0, 1), got {describe(self.dropout)}")
-        if self.norm not in NORMS:
-            raise ValueError(f"norm must be one of {NORMS}, got {describe(self.norm)}")
-        if self.norm_position not in POSITIONS:
-            raise ValueError(f"norm_position must be one of {POSITIONS}, got {describe(self.norm_position)}")
-        for name in ("final_norm", "causal"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
+        check_number(self.dropout, "dropout", "a number in [0, 1)", lambda v: 0 <= v < 1)
+        check_norm(self.norm, NORMS)
+        check_choice(self.norm_position, POSITIONS, "norm_position")
+        check_bool(self.final_norm, "final_norm")
+        check_bool(self.causal, "causal")
 
 
 class Norm(nn.Module):
-    """The norm a config names, over ``d_model`` features, called as ``norm(x, mask)``."""
+    """The norm a config names, over ``d_model`` features, called as ``norm(x, mask)``
+    (:func:`lnbook.norms.apply_norm`: a batch norm leaves the padding out)."""
 
     def __init__(self, kind: str, d_model: int) -> None:
         super().__init__()
-        self.kind = kind
-        self.norm = {
-            "layernorm": lambda: nn.LayerNorm(d_model),
-            "rmsnorm": lambda: RMSNorm(d_model),
-            "dyt": lambda: DyT(d_model),
-            "none": nn.Identity,
-            "batchnorm": lambda: MaskedBatchNorm1d(d_model),
-        }[kind]()
+        self.norm = norm_layer(kind, d_model, native=True)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        return self.norm(x, mask) if self.kind == "batchnorm" else self.norm(x)
+        return apply_norm(self.norm, x, mask)
 
 
 class SelfAttention(nn.Module):
@@ -179,8 +170,7 @@ class TinyGPT(nn.Module):
     def generate(self, idx: torch.Tensor, new_tokens: int, temperature: float = 1.0, generator: torch.Generator | None = None) -> torch.Tensor:
         """Extend ``idx (B, T)`` by ``new_tokens`` sampled tokens; returns ``(B, T + new_tokens)``."""
         check_positive_int(new_tokens, "new_tokens")
-        if not (isinstance(temperature, (int, float)) and temperature > 0):
-            raise ValueError(f"temperature must be a positive number, got {describe(temperature)}")
+        check_number(temperature, "temperature", "a positive number", lambda v: v > 0)
         was_training = self.training
         self.eval()
         for _ in range(new_tokens):

@@ -13,8 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._checks import check_eps, describe
-from ..functional import check_float_tensor
+from .._checks import check_eps, check_float_tensor, describe
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 

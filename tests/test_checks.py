@@ -1,4 +1,4 @@
-"""Bad input raises ValueError or TypeError with a message that names the argument."""
+"""lnbook._checks: describe, the shared checks, and bad input in every module raising an error that names the argument."""
 
 import numpy as np
 import pytest
@@ -259,3 +259,19 @@ def test_large_values_are_described_not_dumped(call, error, name):
     with pytest.raises(error) as info:
         call()
     assert_no_dump(str(info.value), name)
+
+
+def test_the_shared_checks():
+    from lnbook._checks import check_bool, check_choice, check_int, check_number
+
+    assert check_int(3, "n") == 3 and check_number(0.5, "p", "a number in [0, 1]", lambda v: 0 <= v <= 1) == 0.5
+    for bad, match in [(lambda: check_int(True, "n"), "n must be a non-negative int, got True"),
+                       (lambda: check_int(1, "n", 2), "n must be an int >= 2, got 1"),
+                       (lambda: check_int(0, "n", 1), "n must be a positive int, got 0"),
+                       (lambda: check_number(float("nan"), "p", "a finite number"), "p must be a finite number, got nan"),
+                       (lambda: check_number(2, "p", "a number in [0, 1]", lambda v: v <= 1), r"p must be a number in \[0, 1\], got 2"),
+                       (lambda: check_choice("c", ("a", "b"), "kind"), r"kind must be one of \('a', 'b'\), got 'c'")]:
+        with pytest.raises(ValueError, match=match):
+            bad()
+    with pytest.raises(TypeError, match="flag must be a bool, got int"):
+        check_bool(1, "flag")

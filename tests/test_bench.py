@@ -1,11 +1,9 @@
-"""lnbook.bench (operator counts, interleaved timing) and train.fit_many (runs side by side)."""
-
-import copy
+"""lnbook.bench: operator counts, interleaved timing on a fake clock, memory traffic and CSV provenance."""
 
 import pytest
 import torch
 
-from lnbook import bench, data, rnn, train, utils
+from lnbook import bench
 
 
 def test_count_ops_counts_forward_and_backward_operators():
@@ -38,54 +36,11 @@ def test_median_times_interleaves_and_takes_the_median(fake_clock):
         bench.median_times(fns, warmup=-1)
 
 
-def test_spread_formats_mean_min_max():
-    assert utils.spread([0.5, 0.25, 0.75]) == "0.500 [0.250, 0.750]"
-    assert utils.spread([30, 29, 31], digits=0) == "30 [29, 31]"
-    with pytest.raises(ValueError, match="non-empty 1-D"):
-        utils.spread([])
-
-
-def jobs(n_seeds=2):
-    (x, y), (xt, yt) = data.digits_sequences("row")
-    out = []
-    for seed in range(n_seeds):
-        utils.seed_everything(seed)
-        model = rnn.SequenceClassifier(rnn.LSTMCell(8, 8, "layer"), 10)
-        out.append(dict(model=model, train=(x[:128], y[:128]), test=(xt[:64], yt[:64]), epochs=1, lr=1e-2,
-                        batch_size=32, seed=seed))
-    return out
-
-
-def test_fit_many_in_workers_equals_running_here():
-    here_jobs, worker_jobs = jobs(), jobs()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as in the workers: a different thread count may round differently
-    try:
-        here = [f.result() for f in train.fit_many(here_jobs)]
-    finally:
-        torch.set_num_threads(threads)
-    workers = train.cpu_workers(2)
-    try:
-        there = [f.result() for f in train.fit_many(worker_jobs, workers)]
-    finally:
-        workers.shutdown()
-    for (m1, h1), (m2, h2), job in zip(here, there, worker_jobs):
-        assert h1.step_loss == h2.step_loss and h1.test_acc == h2.test_acc
-        for p, q in zip(m1.state_dict().values(), m2.state_dict().values()):
-            assert torch.equal(p, q)
-        assert m2 is not job["model"]  # a worker's model comes back as a trained copy
-    assert here[0][0] is here_jobs[0]["model"]  # here, the given model itself is trained
-    assert here[0][1].step_loss != here[1][1].step_loss  # the seeds differ
-
-
-def test_fit_many_and_cpu_workers_reject_bad_input():
-    with pytest.raises(TypeError, match=r"jobs\[1\] must be a dict"):
-        train.fit_many([jobs(1)[0], {"lr": 1.0}])
-    with pytest.raises(ValueError, match="processes must be a positive int"):
-        train.cpu_workers(0)
-    job = copy.copy(jobs(1)[0]) | {"epochs": 0}
-    with pytest.raises(ValueError, match="epochs must be a positive int"):
-        train.fit_many([job])
+def test_seconds_is_the_median_on_the_cpu(fake_clock):
+    fake_clock.tick = 0.0
+    took = iter([0.0, 0.0, 0.0, 4.0, 1.0, 3.0, 2.0])  # median_times' warm-up of 3 calls, then 4 timed calls
+    assert bench.seconds(lambda: fake_clock.advance(next(took)), "cpu", repeat=4) == 2.5
+    assert next(took, None) is None
 
 
 def test_layernorm_traffic_counts_each_tensor_once():
@@ -113,10 +68,3 @@ def test_csv_with_provenance(tmp_path):
     assert lines[1].startswith("1,2.5,") and torch.__version__ in lines[1] and len(lines) == 3
     with pytest.raises(ValueError, match="same keys"):
         bench.write_csv([{"n": 1}, {"m": 2}], tmp_path / "y.csv")
-
-
-def test_seconds_is_the_median_on_the_cpu(fake_clock):
-    fake_clock.tick = 0.0
-    took = iter([0.0, 0.0, 0.0, 4.0, 1.0, 3.0, 2.0])  # median_times' warm-up of 3 calls, then 4 timed calls
-    assert bench.seconds(lambda: fake_clock.advance(next(took)), "cpu", repeat=4) == 2.5
-    assert next(took, None) is None

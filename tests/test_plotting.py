@@ -1,0 +1,70 @@
+"""lnbook.plotting: the shared figures and show_figure."""
+
+import numpy as np
+import pytest
+
+from lnbook import plotting
+
+
+@pytest.mark.parametrize("kind", ["sequence", "image"])
+def test_norm_axes_figure_shades_what_each_norm_averages(kind):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    fig = plotting.norm_axes_figure(kind)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles == ["BatchNorm", "LayerNorm", "InstanceNorm", "GroupNorm"]
+    blue = matplotlib.colors.to_rgba(plotting.HIGHLIGHT)
+    n_shaded = [sum(p.get_facecolor() == blue for p in ax.patches) for ax in fig.axes]
+    # BatchNorm shades a column through every example; InstanceNorm one example of it.
+    assert n_shaded[0] > n_shaded[2] > 0
+    with pytest.raises(ValueError, match="kind must be"):
+        plotting.norm_axes_figure("video")
+    with pytest.raises(ValueError, match="norms must be"):
+        plotting.norm_axes_figure(kind, ("WeightNorm",))
+
+
+def test_mean_and_spread_draws_the_mean_and_the_band():
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    runs = np.array([[1.0, 2.0, 3.0], [3.0, 4.0, 5.0]])
+    plotting.mean_and_spread(ax, [0, 1, 2], runs, "x")
+    np.testing.assert_allclose(ax.lines[0].get_ydata(), [2.0, 3.0, 4.0])
+    assert ax.lines[0].get_label() == "x (mean of 2)" and len(ax.collections) == 1
+    with pytest.raises(ValueError, match="runs must have shape"):
+        plotting.mean_and_spread(ax, [0, 1], runs, "x")
+    plt.close(fig)
+
+
+def test_residual_block_diagram_puts_the_norm_where_the_name_says():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    heights = {}
+    for position in ("post", "pre"):
+        fig, ax = plt.subplots()
+        plotting.residual_block_diagram(ax, position)
+        labels = {t.get_text(): t.get_position()[1] for t in ax.texts}
+        heights[position] = labels["LayerNorm"] - labels["+"]  # norm above (post) or below (pre) the sum
+        plt.close(fig)
+    assert heights["post"] > 0 > heights["pre"]
+    with pytest.raises(ValueError, match="position must be 'post' or 'pre'"):
+        plotting.residual_block_diagram(None, "middle")
+
+
+def test_show_figure_displays_a_named_figure_and_closes_it(monkeypatch):
+    import IPython.display
+    import matplotlib.pyplot as plt
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda obj, metadata=None: shown.append((obj, metadata)))
+    fig = plotting.norm_axes_figure("sequence")
+    plotting.show_figure(fig, name="norm-axes")
+    assert shown == [(fig, {"scrapbook": {"name": "norm-axes"}})] and not plt.fignum_exists(fig.number)
+    plotting.show_figure(plotting.norm_axes_figure("image"))
+    assert shown[1][1] is None
+    with pytest.raises(ValueError, match="name must be a non-empty string"):
+        plotting.show_figure(fig, name="")
