@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from timing_asserts import timing_asserts
+from timing_asserts import order_asserts_beside_timers, timing_asserts
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -59,6 +59,9 @@ def problems(nb: dict, relpath: str) -> list[str]:
     for i, line, statement in timing_asserts([source(c) for c in code]):
         found.append(f"code cell {i}, line {line} asserts on a wall-clock time ({statement}): under load times "
                      "and their order change from run to run; print times, assert on operator counts, bytes or FLOPs")
+    for i, line, statement in order_asserts_beside_timers([source(c) for c in code]):
+        found.append(f"code cell {i}, line {line} times something and asserts an order ({statement}): "
+                     "print the times there, and assert on counts or bytes in a cell that does not time")
     badge = f"https://colab.research.google.com/github/{REPO}/blob/main/{relpath}"
     if len(cells) < 3:
         return found + ["fewer than three cells: title, Colab set-up and imports are required"]
@@ -164,6 +167,11 @@ def test_hygiene_check_catches_a_timing_assert_and_a_stale_timing():
     found = problems(nb, path.relative_to(ROOT).as_posix())
     assert any(p.startswith("code cell") and "asserts on a wall-clock time (assert t['a'] < t['b'])" in p for p in found)
     assert "the text quotes 987.6, which no stored output prints" in found
+    nb["cells"][-2]["source"] = "t = bench.median_times(fns)\nops = {n: bench.count_ops(f) for n, f in fns.items()}\nassert ops['a'] < ops['b']"
+    found = problems(nb, path.relative_to(ROOT).as_posix())
+    assert [p for p in found if "asserts" in p] == [
+        f"code cell {len([c for c in nb['cells'] if c['cell_type'] == 'code']) - 1}, line 3 times something and asserts an order "
+        "(assert ops['a'] < ops['b']): print the times there, and assert on counts or bytes in a cell that does not time"]
 
 
 def test_exercise_check_catches_a_missing_solution_and_an_open_gate():

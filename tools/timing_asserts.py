@@ -139,3 +139,19 @@ def timing_asserts(sources: Sequence[str]) -> list[tuple[int, int, str]]:
         allowed = on_fake_clock(tree)
         found += [(i, n.lineno, ast.get_source_segment(code, n)) for n in reader.asserts if n.lineno not in allowed]
     return found
+
+
+def order_asserts_beside_timers(cells: Sequence[str]) -> list[tuple[int, int, str]]:
+    """``(index, line, code)`` of each assert on an order (``<``, ``<=``, ``>``, ``>=``) in a
+    notebook cell that also calls a timer. Even when the order is of counts, a reader of such a
+    cell cannot tell it from an order of the times beside it: the cell that times only prints,
+    and a cell of its own asserts on counts or bytes."""
+    orders = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
+    found = []
+    for i, text in enumerate(cells):
+        code = TransformerManager().transform_cell(text)
+        tree = ast.parse(code)
+        if reads_time(tree, set()):
+            found += [(i, n.lineno, ast.get_source_segment(code, n)) for n in ast.walk(tree) if isinstance(n, ast.Assert)
+                      and any(isinstance(op, orders) for c in ast.walk(n.test) if isinstance(c, ast.Compare) for op in c.ops)]
+    return found
