@@ -56,10 +56,11 @@ def problems(nb: dict, relpath: str) -> list[str]:
             leak = LEAKS.search(output_text(out))
             if leak:
                 found.append(f"code cell {i} output contains {leak.group(0)!r} (an address, path or traceback)")
-    for i, line, statement in timing_asserts([source(c) for c in code]):
+    sources = [source(c) for c in code]
+    for i, line, statement in timing_asserts(sources):
         found.append(f"code cell {i}, line {line} asserts on a wall-clock time ({statement}): under load times "
                      "and their order change from run to run; print times, assert on operator counts, bytes or FLOPs")
-    for i, line, statement in order_asserts_beside_timers([source(c) for c in code]):
+    for i, line, statement in order_asserts_beside_timers(sources):
         found.append(f"code cell {i}, line {line} times something and asserts an order ({statement}): "
                      "print the times there, and assert on counts or bytes in a cell that does not time")
     badge = f"https://colab.research.google.com/github/{REPO}/blob/main/{relpath}"

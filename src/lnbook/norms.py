@@ -407,13 +407,14 @@ class GroupNorm(nn.GroupNorm):
 
 @dataclass(frozen=True)
 class NormKind:
-    """A row of :data:`NORMS`: ``build(size)`` makes the module over ``size`` features, and
-    ``over`` says what its statistics are taken over: ``"example"`` (one position's features,
-    whatever the leading shape), ``"batch"`` (every real position of the batch), ``"step"``
-    (the batch at one time step), ``"weights"`` (no layer: the model reparametrizes its
+    """A row of :data:`NORMS`: ``build(size)`` makes the module over ``size`` features
+    (``build(size, max_steps)`` for a norm over ``"step"``), and ``over`` says what its
+    statistics are taken over: ``"example"`` (one position's features, whatever the leading
+    shape), ``"batch"`` (every real position of the batch), ``"step"`` (the batch at one time
+    step, kept for ``max_steps`` steps), ``"weights"`` (no layer: the model reparametrizes its
     weights) or ``"nothing"``."""
 
-    build: Callable[[int], nn.Module]
+    build: Callable[..., nn.Module]
     over: str
 
 
@@ -427,7 +428,7 @@ NORMS: dict[str, NormKind] = {
     "adanorm": NormKind(AdaNorm, "example"),
     "batch": NormKind(MaskedBatchNorm1d, "batch"),
     "batch_unmasked": NormKind(UnmaskedBatchNorm1d, "batch"),
-    "batch_per_step": NormKind(TimeStepBatchNorm, "step"),  # built by norm_layer, with max_steps
+    "batch_per_step": NormKind(TimeStepBatchNorm, "step"),
     "weight": NormKind(lambda size: nn.Identity(), "weights"),
 }
 """The norms by name: the one vocabulary of every model's ``norm`` setting."""
@@ -459,18 +460,18 @@ def check_norm(norm: object, allowed: Sequence[str]) -> str:
 def norm_layer(kind: str, size: int, *, max_steps: int | None = None, native: bool = False) -> nn.Module:
     """The module that :data:`NORMS` names ``kind`` (or an alias), over ``size`` features.
 
-    ``max_steps``: the longest training sequence, which ``"batch_per_step"`` needs (and the
+    ``max_steps``: the longest training sequence, which a norm over ``"step"`` needs (and the
     other norms ignore). ``native``: for ``"layer"``, torch's ``nn.LayerNorm`` (one fused
     kernel) instead of :class:`LayerNorm` (the book's hand-written backward).
     """
     name = check_norm(kind, tuple(NORMS))
     if name == "layer" and native:
         return nn.LayerNorm(size)
-    if name == "batch_per_step":
-        if max_steps is None:
-            raise ValueError("norm='batch_per_step' needs max_steps, the longest training sequence")
-        return TimeStepBatchNorm(size, max_steps)
-    return NORMS[name].build(size)
+    if NORMS[name].over != "step":
+        return NORMS[name].build(size)
+    if max_steps is None:
+        raise ValueError(f"norm={name!r} needs max_steps, the longest training sequence")
+    return NORMS[name].build(size, max_steps)
 
 
 @functools.cache
@@ -495,8 +496,8 @@ def apply_norm(norm: nn.Module, x: torch.Tensor, mask: torch.Tensor | None = Non
 def batch_statistics(model: nn.Module) -> bool:
     """Whether any module of ``model`` normalizes with the statistics of its batch in training
     (the batch norms here, or torch's)."""
-    torch_batch_norms = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
-    return any(isinstance(m, (MaskedBatchNorm1d, TimeStepBatchNorm, *torch_batch_norms)) for m in model.modules())
+    batch_norms = (_BatchNormBase, nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+    return any(isinstance(m, batch_norms) for m in model.modules())
 
 
 def _rebuild(cls: type, args: tuple, kwargs: dict, state: dict, training: bool) -> nn.Module:

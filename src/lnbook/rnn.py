@@ -67,10 +67,11 @@ class _NormedCell(PicklesWithParametrizations, nn.Module):
         placements = dict(norm_input=norm_input, norm_hidden=norm_hidden, norm_cell=norm_cell)
         self.init_args = ((input_size, hidden_size, norm), dict(placements, max_steps=max_steps, bn_gain=bn_gain))
 
+        kind = "batch_per_step" if norm == "batch" else norm  # BatchNorm in a cell: statistics per step
+
         def make(on: bool, size: int) -> nn.Module:
             """The norm of one placement (identity when off); LayerNorm is torch's fused kernel."""
-            module = norm_layer(("batch_per_step" if norm == "batch" else norm) if on else "none", size,
-                                max_steps=max_steps, native=True)
+            module = norm_layer(kind if on else "none", size, max_steps=max_steps, native=True)
             if isinstance(module, TimeStepBatchNorm):
                 nn.init.constant_(module.weight, bn_gain)
                 nn.init.zeros_(module.bias)  # the cell's own biases do the shifting
