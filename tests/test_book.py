@@ -1,5 +1,6 @@
 """The book around the chapters: landing page, bibliography, reproducibility page, and an
-install that leaves a reader's torch alone (as on Colab)."""
+install that leaves a reader's torch alone (as on Colab), and chapter and exercise numbers that
+match the notebooks' numbers."""
 
 import json
 import re
@@ -8,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
@@ -143,3 +145,68 @@ def test_installing_lnbook_upgrades_nothing_already_installed(tmp_path):
     assert pip.returncode == 0, f"pip cannot install lnbook next to what is installed:\n{pip.stderr}"
     would_install = [i["metadata"]["name"] for i in json.loads(report.read_text())["install"]]
     assert would_install == ["lnbook"]
+
+
+TOC = yaml.safe_load((ROOT / "_toc.yml").read_text())
+CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
+EXERCISE_TITLE = re.compile(r'<p class="admonition-title"><span class="caption-number">Exercise ([\d.]+) </span>')
+CHAPTER_TITLE = re.compile(r'<h1><span class="section-number">([\d.]+) </span>')
+
+
+def chapter_numbers(toc: dict) -> dict[str, int | None]:
+    """Each file of the table of contents with the number Sphinx gives its title: parts with
+    ``numbered`` count on from the last numbered chapter (multitoc numbering), others give none."""
+    numbers, last = {}, 0
+    for part in toc["parts"]:
+        for chapter in part["chapters"]:
+            if part.get("numbered"):
+                last += 1
+            numbers[chapter["file"]] = last if part.get("numbered") else None
+    return numbers
+
+
+def test_chapters_are_numbered_as_their_notebooks():
+    """Chapter NN_name is chapter NN in the sidebar, in its title and in its exercises' numbers
+    ("Exercise 2.1"); the quickstart (00) is unnumbered, and its exercises read 1, 2, 3."""
+    expected = {f"notebooks/{p.stem}": int(p.stem[:2]) or None for p in NOTEBOOKS}
+    assert {f: n for f, n in chapter_numbers(TOC).items() if f.startswith("notebooks/")} == expected
+    # One level deep: a deeper number would prefix the chapters' own headings ("2.1 1. Padding ...").
+    assert {part["caption"]: part["numbered"] for part in TOC["parts"] if "numbered" in part} == {
+        part["caption"]: 1 for part in TOC["parts"] if part.get("numbered")}
+    assert CONFIG["html"].get("use_multitoc_numbering", True) is True, "numbering would restart at 1 in every part"
+    assert CONFIG["sphinx"]["config"].get("numfig_secnum_depth", 1) == 1, "exercise numbers must carry the chapter number"
+
+
+def test_chapter_numbers_follow_the_parts():
+    toc = {"parts": [{"caption": "a", "chapters": [{"file": "x"}]},
+                     {"caption": "b", "numbered": 1, "chapters": [{"file": "y"}, {"file": "z"}]},
+                     {"caption": "c", "numbered": 1, "chapters": [{"file": "w"}]}]}
+    assert chapter_numbers(toc) == {"x": None, "y": 1, "z": 2, "w": 3}
+
+
+def test_a_built_book_numbers_exercises_per_chapter(tmp_path):
+    """This book's _config.yml and _toc.yml built by Jupyter Book around stub chapters of two
+    exercises each: chapter NN's title reads "NN." and its exercises "Exercise NN.1" and
+    "NN.2" (and a cross-reference the same), not numbers counted across the whole book."""
+    for name in ("_config.yml", "_toc.yml", "book/references.bib"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text((ROOT / name).read_text())
+    (tmp_path / f"{TOC['root']}.md").write_text("# Stub landing page\n")
+    numbers = chapter_numbers(TOC)
+    for file in numbers:
+        stem = Path(file).name
+        (tmp_path / file).parent.mkdir(parents=True, exist_ok=True)
+        exercises = "".join(f"```{{exercise}}\n:label: ex-{stem}-{k}\n\nDo {k}.\n```\n\n" for k in "ab")
+        (tmp_path / f"{file}.md").write_text(f"# Stub {stem}\n\nSee {{numref}}`ex-{stem}-b`.\n\n## Exercises\n\n{exercises}"
+                                             if file.startswith("notebooks/") else f"# Stub {stem}\n")
+    build = subprocess.run([str(Path(sys.executable).with_name("jupyter-book")), "build", str(tmp_path), "-W", "-n"],
+                           capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    for file, number in numbers.items():
+        if not file.startswith("notebooks/"):
+            continue
+        html = (tmp_path / "_build" / "html" / f"{file}.html").read_text()
+        prefix = "" if number is None else f"{number}."
+        assert EXERCISE_TITLE.findall(html) == [f"{prefix}1", f"{prefix}2"], file
+        assert CHAPTER_TITLE.findall(html) == ([] if number is None else [f"{number}."]), file
+        assert f'<span class="std std-numref">Exercise {prefix}2</span>' in html, file

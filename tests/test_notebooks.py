@@ -1,7 +1,9 @@
 """Notebook hygiene: what nbval cannot see, checked on the committed files.
 
 Every notebook stores outputs for every code cell, run once from top to bottom, with no
-errors, memory addresses or absolute paths in them; no cell asserts on a wall-clock time; every
+errors, memory addresses or absolute paths in them, and one output block per stream (a cell
+that prints in a loop stores one ``stdout`` output, not one per line, each of which the book
+would show in a box of its own); no cell asserts on a wall-clock time; every
 result the text quotes (a number with three decimals, or a time or speed with its unit) is one
 that a stored output prints; and it opens as the guide says: a title
 with an "Open in Colab" badge for this very file, then a Colab-only set-up cell that nbval
@@ -50,7 +52,13 @@ def problems(nb: dict, relpath: str) -> list[str]:
     if not any(c.get("outputs") for c in code):
         found.append("no code cell stores any output")
     for i, c in enumerate(code):
-        for out in c.get("outputs", []):
+        outputs = c.get("outputs", [])
+        for before, after in zip(outputs, outputs[1:]):
+            if before.get("output_type") == after.get("output_type") == "stream" and before.get("name") == after.get("name"):
+                found.append(f"code cell {i} stores two {after.get('name')} outputs in a row, which the book shows as "
+                             "two boxes: merge them into one (re-execute with a runner that merges streams)")
+                break
+        for out in outputs:
             if out.get("output_type") == "error":
                 found.append(f"code cell {i} stores an error: {out.get('ename')}")
             leak = LEAKS.search(output_text(out))
@@ -185,6 +193,19 @@ def test_exercise_check_catches_a_missing_solution_and_an_open_gate():
     cells.append(md("````{solution-end}\n````\n```{solution} ex-b\n\nshown\n```"))
     assert exercise_problems(cells) == ["every solution must be hidden with ':class: dropdown'"]
     assert exercise_problems(cells[:1]) == ["no '## Exercises' section"]
+
+
+def test_hygiene_check_catches_a_stream_split_into_blocks():
+    path = NOTEBOOKS[0]
+    nb = copy.deepcopy(load(path))
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    stream = lambda name, text: {"output_type": "stream", "name": name, "text": text}
+    code[-1]["outputs"] = [stream("stdout", "run 0\n"), stream("stderr", "warning\n"), stream("stdout", "run 1\n")]
+    assert not any("in a row" in p for p in problems(nb, path.relative_to(ROOT).as_posix()))  # alternating: fine
+    code[-1]["outputs"].append(stream("stdout", ["run 2\n"]))
+    assert [p for p in problems(nb, path.relative_to(ROOT).as_posix()) if "in a row" in p] == [
+        f"code cell {len(code) - 1} stores two stdout outputs in a row, which the book shows as two boxes: "
+        "merge them into one (re-execute with a runner that merges streams)"]
 
 
 def test_hygiene_check_catches_leaks_order_and_a_wrong_badge():
