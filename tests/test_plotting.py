@@ -34,6 +34,13 @@ def test_mean_and_spread_draws_the_mean_and_the_band():
     assert ax.lines[0].get_label() == "x (mean of 2)" and len(ax.collections) == 1
     with pytest.raises(ValueError, match="runs must have shape"):
         plotting.mean_and_spread(ax, [0, 1], runs, "x")
+    band = ax.collections[0].get_paths()[0].vertices[:, 1]
+    assert band.min() == 1.0 and band.max() == 5.0  # the min-max range
+    plotting.mean_and_spread(ax, [0, 1, 2], runs, "ci", band="ci")
+    band = ax.collections[1].get_paths()[0].vertices[:, 1]  # mean 4 +- t(0.975, 1) * sqrt(2) / sqrt(2)
+    np.testing.assert_allclose([band.min(), band.max()], [2.0 - 12.7062047, 4.0 + 12.7062047])
+    with pytest.raises(ValueError, match="band must be one of"):
+        plotting.mean_and_spread(ax, [0, 1, 2], runs, "x", band="sd")
     plt.close(fig)
 
 

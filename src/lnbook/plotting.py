@@ -10,7 +10,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Polygon
 
-from ._checks import describe
+from ._checks import check_choice, describe
+from .utils import interval
 
 STYLE = {
     "figure.dpi": 100,
@@ -131,17 +132,23 @@ def norm_axes_figure(
     return fig
 
 
-def mean_and_spread(ax: Axes, x: ArrayLike, runs: ArrayLike, label: str, **kwargs) -> None:
-    """Plot the mean over runs as a line and the min-max spread as a band.
+def mean_and_spread(ax: Axes, x: ArrayLike, runs: ArrayLike, label: str, band: str = "range", **kwargs) -> None:
+    """Plot the mean over runs as a line and a band: the min-max spread (``band="range"``) or
+    the 95% confidence interval of the mean (``band="ci"``, :func:`lnbook.utils.interval`).
 
     ``runs`` is ``(n_runs, len(x))``, one row per seed; ``kwargs`` go to the line.
     """
+    check_choice(band, ("range", "ci"), "band")
     runs = np.asarray(runs, dtype=float)
     x = np.asarray(x, dtype=float)
     if runs.ndim != 2 or runs.shape[1] != len(x):
         raise ValueError(f"runs must have shape (n_runs, {len(x)}), got {runs.shape}")
     (line,) = ax.plot(x, runs.mean(0), label=f"{label} (mean of {len(runs)})", **kwargs)
-    ax.fill_between(x, runs.min(0), runs.max(0), color=line.get_color(), alpha=0.2, lw=0)
+    if band == "range":
+        low, high = runs.min(0), runs.max(0)
+    else:
+        low, high = np.array([interval(col)[1:] for col in runs.T]).T
+    ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2, lw=0)
 
 
 def residual_block_diagram(ax: Axes, position: str) -> None:

@@ -35,6 +35,38 @@ def spread(values: Sequence[float], digits: int = 3) -> str:
     return f"{v.mean():.{digits}f} [{v.min():.{digits}f}, {v.max():.{digits}f}]"
 
 
+def interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """``(mean, low, high)``: the mean of per-seed results and its Student-t confidence interval
+    at ``level`` (seeds as independent draws). Needs at least two values."""
+    from scipy.stats import t as student_t
+
+    v = np.asarray(values, dtype=float)
+    if v.ndim != 1 or len(v) < 2:
+        raise ValueError(f"values must be a 1-D sequence of at least 2 numbers, got shape {v.shape}")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level!r}")
+    half = student_t.ppf((1 + level) / 2, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v))
+    return float(v.mean()), float(v.mean() - half), float(v.mean() + half)
+
+
+def ci(values: Sequence[float], digits: int = 3) -> str:
+    """Per-seed results as ``"mean [low, high]"``: the 95% confidence interval of the mean."""
+    mean, low, high = interval(values)
+    return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def verdict(a: Sequence[float], b: Sequence[float], name_a: str, name_b: str, higher: bool = True) -> str:
+    """``"<a> beats <b>"`` when the 95% intervals of the two means separate (``higher``: the
+    larger mean is better; else the smaller), ``"no difference measured"`` when they overlap."""
+    sign = 1.0 if higher else -1.0
+    (ma, la, ha), (mb, lb, hb) = interval(sign * np.asarray(a, dtype=float)), interval(sign * np.asarray(b, dtype=float))
+    if la > hb:
+        return f"{name_a} beats {name_b}"
+    if lb > ha:
+        return f"{name_b} beats {name_a}"
+    return "no difference measured"
+
+
 class Table:
     """Rows of results that a notebook renders as a Markdown table and a terminal (or nbval,
     which compares text) sees as aligned plain text."""
