@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from lnbook import bench, data, graphs, models, norms, parallel, plotting, reference, rl, rnn, train, transformer, utils
+from lnbook import bench, data, ensemble, graphs, models, norms, parallel, plotting, reference, rl, rnn, train, transformer, utils
 from lnbook._checks import describe
 from lnbook.functional import layer_norm
 from lnbook.norms import LayerNorm
@@ -218,8 +218,13 @@ GPT = dict(vocab_size=10, block_size=8, n_layer=1, n_head=2, d_model=8)
         pytest.param(lambda: train.fit_lm(nn.Linear(3, 2), TOKENS, TOKENS, steps=1, lr=0.1, batch_size=2, block_size=4,
                                           seed=0, warmup=BIG), ValueError, "warmup", id="train.fit_lm"),
         pytest.param(lambda: models.MLP(4, (8,), 3, norm=BIG), ValueError, "norm", id="models.MLP"),
-        pytest.param(lambda: models.RNNClassifier(3, 4, 2, "batch_per_step", max_steps=BIG), ValueError, "max_steps",
-                     id="models.RNNClassifier"),
+        pytest.param(lambda: ensemble.EnsembleRNN(2, 3, 4, 2, "batch_per_step", max_steps=BIG), ValueError, "max_steps",
+                     id="ensemble.EnsembleRNN"),
+        pytest.param(lambda: ensemble.fit(ensemble.EnsembleRNN(2, 3, 4, 2), (torch.randn(6, 2, 3), torch.zeros(6, dtype=torch.long)),
+                                          (torch.randn(6, 2, 3), torch.zeros(6, dtype=torch.long)), epochs=1, lr=0.1,
+                                          batch_size=4, seed=0, order=BIG), ValueError, "order", id="ensemble.fit.order"),
+        pytest.param(lambda: data.stretched_digits(max_repeat=BIG), ValueError, "max_repeat", id="data.stretched_digits"),
+        pytest.param(lambda: utils.interval([BIG]), ValueError, "values", id="utils.interval"),
         pytest.param(lambda: rnn.LSTMCell(3, BIG), ValueError, "hidden_size", id="rnn.LSTMCell"),
         pytest.param(lambda: rnn.GRUCell(3, 4)(torch.randn(2, 3), torch.zeros(2, 4), BIG), ValueError, "t must",
                      id="rnn.GRUCell.t"),

@@ -72,6 +72,21 @@ def test_variable_length_holds_every_row_and_pads_with_zeros():
         data.variable_length(3, 2)
 
 
+def test_stretched_digits_have_heavy_tailed_lengths_and_hold_every_row():
+    (x, lengths, y), (xt, lt, yt) = data.stretched_digits()
+    assert x.shape == (1437, 40, 8) and xt.shape == (360, 40, 8) and lengths.dtype == torch.int64
+    counts = torch.bincount(lengths)[8::8]
+    assert set(lengths.tolist()) <= {8, 16, 24, 32, 40} and (counts[:-1] > counts[1:]).all()  # fewer at every length
+    (rows, labels), _ = data.digits_sequences("row")
+    assert torch.equal(y, labels)
+    for i in (0, int(lengths.argmax())):
+        k = int(lengths[i]) // 8
+        assert torch.equal(x[i, : 8 * k], rows[i].repeat_interleave(k, dim=0)) and x[i, 8 * k :].abs().sum() == 0
+    assert torch.equal(data.stretched_digits(tail=0.0, seed=1)[0][1], data.stretched_digits(tail=0.0, seed=1)[0][1])
+    with pytest.raises(ValueError, match="tail"):
+        data.stretched_digits(tail=-1.0)
+
+
 def test_adding_problem():
     x, y = data.adding_problem(50, 20, seed=3)
     assert x.shape == (50, 20, 2) and y.shape == (50,)

@@ -547,8 +547,6 @@ def test_every_model_takes_every_norm_over_an_example():
     """A norm added to the table with over="example" needs no other change to reach the models."""
     for norm in norms.EXAMPLE_NORMS:
         assert models.MLP(8, (8,), 2, norm)(torch.randn(3, 8)).shape == (3, 2)
-        assert models.GRUClassifier(2, 8, 2, norm)(torch.randn(3, 4, 2), torch.tensor([4, 2, 1])).shape == (3, 2)
-        assert models.RNNClassifier(2, 8, 2, norm)(torch.randn(3, 4, 2)).shape == (3, 2)
         cell = rnn.LSTMCell(2, 8, norm)
         assert cell(torch.randn(3, 2), (torch.zeros(3, 8), torch.zeros(3, 8)))[0].shape == (3, 8)
         assert graphs.GraphNet(2, 8, 1, norm)(*graphs.batch_graphs(graphs.random_graphs(2, 3, 5, 0).graphs)).shape == (2,)

@@ -118,6 +118,30 @@ def variable_length(min_repeat: int = 1, max_repeat: int = 3, seed: int = 0) -> 
     return (padded[train], lengths[train], y[train]), (padded[test], lengths[test], y[test])
 
 
+def stretched_digits(max_repeat: int = 5, tail: float = 2.0, seed: int = 0) -> tuple[Dataset, Dataset]:
+    """Digits as row sequences whose lengths have a heavy tail, for padding experiments.
+
+    Each image is read row by row (8 features a step) at its own speed: every row is held for
+    ``k`` steps, with ``k`` in ``1..max_repeat`` drawn with probability proportional to
+    ``k ** -tail``. Most sequences are short (8 or 16 steps) and a few are long (up to
+    ``8 * max_repeat``), so a random batch is padded to a length far above its average.
+
+    Returns ``(train, test)``, each ``(x, lengths, y)``: x ``(N, 8 * max_repeat, 8)`` zero-padded,
+    lengths ``(N,)`` int64, y ``(N,)``; the split is ``digits_sequences``'s.
+    """
+    check_positive_int(max_repeat, "max_repeat")
+    check_number(tail, "tail", "a non-negative number", lambda v: v >= 0)
+    images, labels = _digits()
+    k = np.arange(1, max_repeat + 1)
+    speeds = np.random.default_rng(seed).choice(k, size=len(images), p=k**-tail / (k**-tail).sum())
+    padded = torch.zeros(len(images), 8 * max_repeat, 8)
+    for i, (img, r) in enumerate(zip(images, speeds)):
+        padded[i, : 8 * r] = torch.from_numpy(np.repeat(img, r, axis=0))
+    lengths, y = torch.from_numpy(8 * speeds).long(), torch.from_numpy(labels)
+    train, test = _split(labels)
+    return (padded[train], lengths[train], y[train]), (padded[test], lengths[test], y[test])
+
+
 def adding_problem(n: int, length: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """The adding problem (Hochreiter & Schmidhuber, 1997): a classic long-range task.
 
