@@ -241,3 +241,10 @@ def test_mlp_ensemble_bad_input_names_the_argument():
         ensemble.fit_mlp(stacked, toy_data(), toy_data(), epochs=1, lr=0.1, batch_size=8, seeds=[0])
     with pytest.raises(ValueError, match="lr"):
         ensemble.fit_mlp(stacked, toy_data(), toy_data(), epochs=1, lr=-1.0, batch_size=8, seeds=[0, 1])
+
+
+def test_the_initial_gain_is_a_setting():
+    model = ensemble.EnsembleRNN(2, 3, 8, 3, "batch_per_step", max_steps=5, gain=0.1)
+    assert torch.equal(model.gain, torch.full((2, 1, 8), 0.1))
+    with pytest.raises(ValueError, match="gain must be a positive number"):
+        ensemble.EnsembleRNN(2, 3, 8, 3, "layer", gain=0.0)

@@ -75,3 +75,10 @@ def test_show_figure_displays_a_named_figure_and_closes_it(monkeypatch):
     assert shown[1][1] is None
     with pytest.raises(ValueError, match="name must be a non-empty string"):
         plotting.show_figure(fig, name="")
+
+
+def test_every_norm_of_chapter_02_has_its_own_colour():
+    from lnbook import ensemble
+
+    assert set(ensemble.NORMS) <= set(plotting.NORM_COLORS)
+    assert len(set(plotting.NORM_COLORS.values())) == len(plotting.NORM_COLORS)

@@ -57,8 +57,10 @@ class EnsembleRNN(nn.Module):
     ``fallback=True`` (the default, as :class:`lnbook.norms.TimeStepBatchNorm`) that member
     normalizes the step with its running statistics and leaves them unchanged; with
     ``fallback=False`` it uses the formula anyway, so a lone sequence becomes ``bias`` (the
-    batch of one). ``momentum=None`` makes the running statistics a plain average of every
-    batch since :meth:`reset_statistics` (as ``torch.nn.BatchNorm1d`` does).
+    batch of one). ``gain`` is the norm's initial gain (Cooijmans et al. start BatchNorm's at
+    0.1, to keep ``tanh`` near its linear range). ``momentum=None`` makes the running
+    statistics a plain average of every batch since :meth:`reset_statistics` (as
+    ``torch.nn.BatchNorm1d`` does).
 
     Shapes: ``x`` is ``(B, T, F)``, the same data for every member, or ``(members, B, T, F)``;
     ``lengths`` (optional) ``(B,)`` or ``(members, B)``; logits ``(members, B, n_classes)``.
@@ -75,6 +77,7 @@ class EnsembleRNN(nn.Module):
         max_steps: int | None = None,
         momentum: float | None = 0.1,
         fallback: bool = True,
+        gain: float = 1.0,
         eps: float = 1e-5,
     ) -> None:
         super().__init__()
@@ -96,7 +99,7 @@ class EnsembleRNN(nn.Module):
             self.b = _uniform((e, 1, h), 1 / math.sqrt(f))
         self.wh = nn.Parameter(torch.stack([nn.init.orthogonal_(torch.empty(h, h)) for _ in range(e)]))
         if norm != "none":
-            self.gain = nn.Parameter(torch.ones(e, 1, h))
+            self.gain = nn.Parameter(torch.full((e, 1, h), check_number(gain, "gain", "a positive number", lambda v: v > 0)))
             self.bias = nn.Parameter(torch.zeros(e, 1, h))
         self.head_w = _uniform((e, h, n_classes), 1 / math.sqrt(h))
         self.head_b = _uniform((e, 1, n_classes), 1 / math.sqrt(h))

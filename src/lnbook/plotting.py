@@ -50,6 +50,10 @@ NORM_SETS = {
 }
 
 
+NORM_COLORS = {"none": "C0", "batch_per_step": "C1", "layer": "C2", "batch": "C3", "batch_unmasked": "C4"}
+"""One colour per norm, so that a norm looks the same in every figure of a chapter."""
+
+
 def use_style() -> None:
     """Apply the book's matplotlib style (call once per notebook)."""
     mpl.rcParams.update(STYLE)
