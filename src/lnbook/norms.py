@@ -533,10 +533,10 @@ def swap_modules(model: nn.Module, replacement: Callable[[nn.Module], nn.Module 
         if new is None:
             count += swap_modules(child, replacement)
             continue
-        new.load_state_dict(child.state_dict())
         reference = next(child.parameters(), None)
-        if reference is not None:
+        if reference is not None:  # device and dtype first: loading into float32 would round float64 values
             new.to(device=reference.device, dtype=reference.dtype)
+        new.load_state_dict(child.state_dict())
         setattr(model, name, new)
         count += 1
     return count
