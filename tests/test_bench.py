@@ -68,3 +68,37 @@ def test_csv_with_provenance(tmp_path):
     assert lines[1].startswith("1,2.5,") and torch.__version__ in lines[1] and len(lines) == 3
     with pytest.raises(ValueError, match="same keys"):
         bench.write_csv([{"n": 1}, {"m": 2}], tmp_path / "y.csv")
+
+
+def test_list_op_traffic_counts_each_input_and_output_once():
+    a, b = torch.randn(4, 8), torch.randn(4, 8)
+    assert bench.list_op_traffic(lambda: a * b) == [bench.OpTraffic("mul", 2 * 128, 128)]
+    assert bench.list_op_traffic(lambda: a * a) == [bench.OpTraffic("mul", 128, 128)]  # one tensor, read once
+    row = torch.randn(1, 8, dtype=torch.float64)
+    # an expanded tensor stores 8 doubles, not 32; the expand itself is a view and computes nothing
+    assert bench.list_op_traffic(lambda: row.expand(4, 8) + b.double()) == [
+        bench.OpTraffic("_to_copy", 128, 256), bench.OpTraffic("add", 64 + 256, 256)]
+    assert bench.list_op_traffic(lambda: torch.empty(100)) == [bench.OpTraffic("empty", 0, 0)]  # allocates only
+    assert bench.count_bytes(lambda: a * b + a) == {"read": 256 + 256, "written": 256, "bytes": 768}
+    assert bench.count_bytes(lambda: None) == {"read": 0, "written": 0, "bytes": 0}
+
+
+def test_a_fused_layer_norm_moves_the_least_traffic_and_a_composed_one_far_more():
+    m, n = 64, 32
+    x, w, b = (torch.randn(*s, requires_grad=True) for s in ((m, n), (n,), (n,)))
+    dy = torch.randn(m, n)
+
+    def fwd_bwd(norm):
+        torch.autograd.grad(norm(x), (x, w, b), dy)
+
+    fused = bench.count_bytes(lambda: fwd_bwd(lambda v: torch.nn.functional.layer_norm(v, (n,), w, b)))
+    least = bench.layernorm_traffic(m, n, 4)["bytes"] + bench.layernorm_traffic(m, n, 4, backward=True)["bytes"]
+    # torch's backward kernel is handed the bias too (n floats it does not need to read)
+    assert least <= fused["bytes"] <= least + 4 * n
+
+    def composed(v):
+        centered = v - v.mean(-1, keepdim=True)
+        return centered * torch.rsqrt((centered * centered).mean(-1, keepdim=True) + 1e-5) * w + b
+
+    unfused = bench.count_bytes(lambda: fwd_bwd(composed))
+    assert unfused["bytes"] > 4 * fused["bytes"]  # every operator writes a full-size tensor and the next reads it

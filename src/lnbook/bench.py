@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import csv
+import math
 import os
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from ._checks import check_int, check_positive_int
 
@@ -42,6 +45,66 @@ def list_ops(fn: Callable[[], object]) -> list[str]:
 def count_ops(fn: Callable[[], object]) -> int:
     """How many ATen operators that compute ``fn()`` runs, forward and backward (see :func:`list_ops`)."""
     return len(list_ops(fn))
+
+
+class OpTraffic(NamedTuple):
+    """One ATen operator of :func:`list_op_traffic`: its name and the bytes it reads and writes."""
+
+    name: str
+    read: int
+    written: int
+
+
+def _stored_bytes(t: torch.Tensor) -> int:
+    # the bytes of the elements a tensor really holds: an expanded dimension (stride 0)
+    # repeats the same elements, so it adds nothing
+    held = math.prod(size for size, stride in zip(t.shape, t.stride()) if stride != 0)
+    return held * t.element_size()
+
+
+def _tensors(tree: object) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
+
+
+class _TrafficRecorder(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[OpTraffic] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not func.is_view:
+            name = func.overloadpacket.__name__
+            # a tensor passed twice (x * x) is read once; an op named empty* only allocates
+            inputs = {(t.data_ptr(), t.shape, t.stride()): t for t in _tensors((args, kwargs))}
+            outputs = {(t.data_ptr(), t.shape, t.stride()): t for t in _tensors(out)}
+            read = sum(_stored_bytes(t) for t in inputs.values())
+            written = 0 if name.startswith("empty") else sum(_stored_bytes(t) for t in outputs.values())
+            self.ops.append(OpTraffic(name, read, written))
+        return out
+
+
+def list_op_traffic(fn: Callable[[], object]) -> list[OpTraffic]:
+    """The operators of ``fn()`` (as :func:`list_ops`), each with the bytes it reads and writes.
+
+    The model behind the numbers: every operator reads each of its input tensors once and
+    writes each of its outputs once, all from and to memory; an unfused chain of operators
+    works that way when its tensors are larger than the caches. It ignores the reuse of data
+    still in cache from the previous operator, and the re-reads inside one operator (a fused
+    kernel that reads a row twice, the second time from cache, counts it once).
+    An expanded tensor counts the elements it stores, not the ones it shows.
+    """
+    with _TrafficRecorder() as recorder:
+        fn()
+    return recorder.ops
+
+
+def count_bytes(fn: Callable[[], object]) -> dict[str, int]:
+    """Total bytes ``fn()`` reads and writes in :func:`list_op_traffic`'s model:
+    ``{"read": ..., "written": ..., "bytes": read + written}``."""
+    ops = list_op_traffic(fn)
+    read, written = sum(op.read for op in ops), sum(op.written for op in ops)
+    return {"read": read, "written": written, "bytes": read + written}
 
 
 def median_times(fns: Mapping[str, Callable[[], object]], repeat: int = 20, warmup: int = 3) -> dict[str, float]:
