@@ -4,7 +4,10 @@ import pytest
 import torch
 
 from lnbook import data, train
-from lnbook.transformer import Block, GPTConfig, TinyGPT, TinyViT, block_grad_norms
+import math
+
+from lnbook.norms import RMSNorm
+from lnbook.transformer import PRESETS, Block, GPTConfig, TinyGPT, TinyViT, block_grad_norms, preset
 
 VOCAB = 11
 
@@ -93,6 +96,8 @@ def test_final_norm_head_tying_generate_and_grad_norms():
         ({"n_layer": 0}, ValueError, "n_layer must be a positive int"),
         ({"dropout": 1.0}, ValueError, "dropout must be a number in"),
         ({"final_norm": "yes"}, TypeError, "final_norm must be a bool"),
+        ({"init": "kaiming"}, ValueError, "init must be one of"),
+        ({"bias": 0}, TypeError, "bias must be a bool"),
     ],
 )
 def test_bad_configs_raise(kw, error, match):
@@ -124,6 +129,84 @@ def test_without_the_causal_mask_every_token_sees_every_other():
         assert (moved > 1e-3) == first_moves, (causal, moved)
     with pytest.raises(TypeError, match="causal must be a bool"):
         GPTConfig(**cfg, causal=1)
+
+
+def _block_wiring(m: TinyGPT) -> tuple[type, str, type, bool, bool]:
+    """(norm class in the blocks, position, final norm class, any bias anywhere, causal),
+    read from the built model, and the position checked against the block's arithmetic."""
+    block = m.blocks[0]
+    x = torch.randn(2, 5, m.cfg.d_model, dtype=torch.float64)
+    n1, n2, attn = block.norm1.norm, block.norm2.norm, (lambda z: block.attn(z, None))
+    h = x + attn(n1(x))
+    pre = h + block.mlp(n2(h))
+    h = n1(x + attn(x))
+    post = n2(h + block.mlp(h))
+    out = block(x)
+    position = "pre" if torch.equal(out, pre) else "post" if torch.equal(out, post) else "?"
+    has_bias = any(name.endswith("bias") and p is not None for name, p in m.named_parameters())
+    return type(n1), position, type(m.norm_f.norm), has_bias, m.blocks[0].attn.causal
+
+
+@pytest.mark.parametrize(
+    "name, wiring",
+    [  # the chapter 06 table: norm, position, final norm, biases, causal attention
+        ("transformer", (torch.nn.LayerNorm, "post", torch.nn.Identity, True, True)),
+        ("bert", (torch.nn.LayerNorm, "post", torch.nn.Identity, True, False)),
+        ("gpt2", (torch.nn.LayerNorm, "pre", torch.nn.LayerNorm, True, True)),
+        ("t5", (RMSNorm, "pre", RMSNorm, False, True)),
+        ("llama", (RMSNorm, "pre", RMSNorm, False, True)),
+    ],
+)
+def test_presets_build_the_famous_models_norm_wiring(name, wiring):
+    torch.manual_seed(0)
+    m = TinyGPT(preset(name, VOCAB, 16, n_layer=2, n_head=2, d_model=16)).double()
+    assert _block_wiring(m) == wiring
+    if name in ("t5", "llama"):  # RMSNorm: no mean subtraction, a gain and no bias
+        n = m.blocks[0].norm1.norm
+        x = torch.randn(3, 16, dtype=torch.float64) + 5.0
+        torch.testing.assert_close(n(x), x / x.pow(2).mean(-1, keepdim=True).add(n.eps).sqrt(), rtol=1e-12, atol=1e-12)
+        assert [k for k, _ in n.named_parameters()] == ["weight"]
+    assert m(torch.randint(VOCAB, (2, 7))).shape == (2, 7, VOCAB)
+
+
+def test_preset_overrides_and_rejects_unknown_names():
+    assert set(PRESETS) == {"transformer", "bert", "gpt2", "t5", "llama"}
+    assert preset("gpt2", VOCAB, 16, norm_position="post").norm_position == "post"
+    with pytest.raises(ValueError, match="name must be one of"):
+        preset("gpt5", VOCAB, 16)
+
+
+def test_init_gpt2_scales_residual_projections_and_xavier_does_not():
+    cfg = dict(vocab_size=50, block_size=8, n_layer=8, n_head=4, d_model=64)
+    torch.manual_seed(0)
+    gpt2 = TinyGPT(GPTConfig(**cfg, init="gpt2"))
+    torch.manual_seed(0)
+    xavier = TinyGPT(GPTConfig(**cfg, init="xavier"))
+    d, depth = 64, 8
+    for m, expected in (
+        (gpt2, {"attn.qkv": 0.02, "attn.proj": 0.02 / math.sqrt(2 * depth), "mlp.0": 0.02, "mlp.2": 0.02 / math.sqrt(2 * depth)}),
+        (xavier, {"attn.qkv": math.sqrt(2 / (2 * d)), "attn.proj": math.sqrt(2 / (2 * d)),
+                  "mlp.0": math.sqrt(2 / (5 * d)), "mlp.2": math.sqrt(2 / (5 * d))}),
+    ):
+        for key, std in expected.items():
+            w = torch.cat([b.get_submodule(key).weight.flatten() for b in m.blocks])
+            assert abs(w.std().item() / std - 1) < 0.03, (m.cfg.init, key, w.std().item(), std)
+        assert all(b.get_submodule("mlp.0").bias.detach().abs().max().item() == 0 for b in m.blocks)
+    assert abs(gpt2.tok.weight.std().item() / 0.02 - 1) < 0.03
+    assert abs(xavier.tok.weight.std().item() * math.sqrt(d) - 1) < 0.03
+    # query, key and value are each Xavier over d x d: their bounds are those of a square matrix
+    assert xavier.blocks[0].attn.qkv.weight.abs().max() <= math.sqrt(6 / (2 * d)) + 1e-6
+    assert xavier.blocks[0].attn.qkv.weight.abs().max() > math.sqrt(6 / (4 * d))
+
+
+def test_ffn_out_grad_norms_are_the_mlp_output_weights():
+    m = model()
+    idx = torch.randint(VOCAB, (4, 10))
+    got = block_grad_norms(m, idx, torch.roll(idx, -1, 1), part="ffn_out")
+    assert got == [b.mlp[2].weight.grad.norm().item() for b in m.blocks]
+    assert all(a < b for a, b in zip(got, block_grad_norms(m, idx, torch.roll(idx, -1, 1))))
+    with pytest.raises(ValueError, match="part must be one of"):
+        block_grad_norms(m, idx, idx, part="ffn_in")
 
 
 # ---------------------------------------------------------------- TinyViT

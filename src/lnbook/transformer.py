@@ -6,6 +6,7 @@ either before the sublayer (Pre-LN, ``x + f(norm(x))``) or after the residual su
 ``norm(x + f(x))``). An optional ``mask (B, T)`` marks the real tokens of a right-padded
 batch: padding is never attended to, so it changes no real token's output.
 ``TinyViT`` classifies images with the same blocks, without the causal mask, over patches.
+:data:`PRESETS` (and :func:`preset`) give the norm wiring of famous models as configs.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .norms import EXAMPLE_NORMS, apply_norm, check_norm, norm_layer
 
 NORMS = ("none", "batch", *EXAMPLE_NORMS)  # and chapter 06's spellings "layernorm", "rmsnorm", "batchnorm"
 POSITIONS = ("pre", "post")
+INITS = ("gpt2", "xavier")
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,14 @@ class GPTConfig:
     the whole batch, to show why Transformers do not use it). ``norm_position``: ``"pre"`` or ``"post"``.
     ``final_norm``: one more norm after the last block (GPT-2's ``ln_f``). ``causal``: each
     token attends to itself and the tokens before it (a decoder); ``False``: to every token
-    (an encoder, as over an image's patches).
+    (an encoder, as over an image's patches). ``bias``: the linear layers and the LayerNorms
+    have biases (``False``: none, as in T5 and LLaMA; RMSNorm never has one).
+    ``init``: ``"gpt2"``, every weight matrix normal with standard deviation 0.02 and the
+    residual projections (attention's output and the MLP's second layer) divided by
+    ``sqrt(2 * n_layer)``; or ``"xavier"``, as the original Transformer and Xiong et al.'s
+    analysis: every linear layer's weight Xavier-uniform (query, key and value each as a
+    ``d_model x d_model`` matrix), no scaling with depth, and the embeddings normal with standard
+    deviation ``d_model ** -0.5``. Biases start at zero in both.
     """
 
     vocab_size: int
@@ -47,6 +56,8 @@ class GPTConfig:
     norm_position: str = "pre"
     final_norm: bool = True
     causal: bool = True
+    bias: bool = True
+    init: str = "gpt2"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "d_model"):
@@ -58,15 +69,43 @@ class GPTConfig:
         check_choice(self.norm_position, POSITIONS, "norm_position")
         check_bool(self.final_norm, "final_norm")
         check_bool(self.causal, "causal")
+        check_bool(self.bias, "bias")
+        check_choice(self.init, INITS, "init")
+
+
+PRESETS: dict[str, dict] = {
+    # The original Transformer's and BERT's Post-LN blocks with no final norm; the Transformer
+    # with the Xavier initialization Xiong et al. analyse. BERT is an encoder: causal=False.
+    "transformer": dict(norm="layernorm", norm_position="post", final_norm=False, init="xavier"),
+    "bert": dict(norm="layernorm", norm_position="post", final_norm=False, causal=False),
+    # GPT-2: Pre-LN plus a final LayerNorm (ln_f), its depth-scaled initialization.
+    "gpt2": dict(norm="layernorm", norm_position="pre", final_norm=True, init="gpt2"),
+    # T5 and LLaMA: Pre-norm RMSNorm (no mean subtraction, no bias), a final norm, no biases.
+    "t5": dict(norm="rmsnorm", norm_position="pre", final_norm=True, bias=False),
+    "llama": dict(norm="rmsnorm", norm_position="pre", final_norm=True, bias=False),
+}
+"""The norm wiring of famous models, as :class:`GPTConfig` settings: norm, its position, the
+final norm, biases, attention direction. Only the wiring: activations (ReLU, GELU, SwiGLU),
+position encodings and encoder-decoder structure (the original Transformer, T5) are not
+modelled; the decoder-only presets are causal."""
+
+
+def preset(name: str, vocab_size: int, block_size: int, **settings) -> GPTConfig:
+    """The :class:`GPTConfig` of :data:`PRESETS` ``[name]``, with sizes and any other setting
+    given in ``settings`` (which override the preset's)."""
+    check_choice(name, tuple(PRESETS), "name")
+    return GPTConfig(vocab_size, block_size, **{**PRESETS[name], **settings})
 
 
 class Norm(nn.Module):
     """The norm a config names, over ``d_model`` features, called as ``norm(x, mask)``
     (:func:`lnbook.norms.apply_norm`: a batch norm leaves the padding out)."""
 
-    def __init__(self, kind: str, d_model: int) -> None:
+    def __init__(self, kind: str, d_model: int, bias: bool = True) -> None:
         super().__init__()
         self.norm = norm_layer(kind, d_model, native=True)
+        if not bias and isinstance(self.norm, nn.LayerNorm):
+            self.norm = nn.LayerNorm(d_model, bias=False)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         return apply_norm(self.norm, x, mask)
@@ -79,8 +118,8 @@ class SelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.n_head, self.causal = cfg.n_head, cfg.causal
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -103,10 +142,11 @@ class Block(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.pre = cfg.norm_position == "pre"
-        self.norm1, self.norm2 = Norm(cfg.norm, cfg.d_model), Norm(cfg.norm, cfg.d_model)
+        self.norm1, self.norm2 = Norm(cfg.norm, cfg.d_model, cfg.bias), Norm(cfg.norm, cfg.d_model, cfg.bias)
         self.attn = SelfAttention(cfg)
         self.mlp = nn.Sequential(
-            nn.Linear(cfg.d_model, 4 * cfg.d_model), nn.GELU(), nn.Linear(4 * cfg.d_model, cfg.d_model), nn.Dropout(cfg.dropout)
+            nn.Linear(cfg.d_model, 4 * cfg.d_model, bias=cfg.bias), nn.GELU(),
+            nn.Linear(4 * cfg.d_model, cfg.d_model, bias=cfg.bias), nn.Dropout(cfg.dropout),
         )
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -136,15 +176,22 @@ class TinyGPT(nn.Module):
         self.pos = nn.Embedding(cfg.block_size, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
-        self.norm_f = Norm(cfg.norm if cfg.final_norm else "none", cfg.d_model)
+        self.norm_f = Norm(cfg.norm if cfg.final_norm else "none", cfg.d_model, cfg.bias)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.head.weight = self.tok.weight  # weight tying, as GPT-2
         for name, p in self.named_parameters():
-            if p.ndim == 2:  # small normal weights; residual projections scaled by depth (GPT-2)
+            if name.endswith("bias") and (".attn." in name or ".mlp." in name):
+                nn.init.zeros_(p)
+            elif p.ndim != 2:
+                continue
+            elif cfg.init == "gpt2":  # small normal weights; residual projections scaled by depth
                 std = 0.02 / math.sqrt(2 * cfg.n_layer) if name.endswith(("proj.weight", "mlp.2.weight")) else 0.02
                 nn.init.normal_(p, 0.0, std)
-            elif name.endswith("bias") and (".attn." in name or ".mlp." in name):
-                nn.init.zeros_(p)
+            elif name in ("tok.weight", "pos.weight"):  # Xavier: unit-scale logits through the tied head
+                nn.init.normal_(p, 0.0, cfg.d_model**-0.5)
+            else:  # Xavier-uniform, query, key and value each as its own square matrix
+                for part in p.data.split(cfg.d_model) if name.endswith("qkv.weight") else (p.data,):
+                    nn.init.xavier_uniform_(part)
 
     def forward(self, idx: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         if not isinstance(idx, torch.Tensor) or idx.ndim != 2 or idx.dtype != torch.int64:
@@ -232,12 +279,16 @@ class TinyViT(nn.Module):
         return self.head(self.norm_f(x, None).mean(dim=1))
 
 
-def block_grad_norms(model: TinyGPT, idx: torch.Tensor, targets: torch.Tensor) -> list[float]:
-    """The gradient norm of each block's weight matrices (attention and MLP together), from
-    first block to last, for one batch's loss. The model's gradients are left set."""
+def block_grad_norms(model: TinyGPT, idx: torch.Tensor, targets: torch.Tensor, part: str = "all") -> list[float]:
+    """The gradient norm of each block's weight matrices, from first block to last, for one
+    batch's loss: ``part="all"``, attention and MLP together; ``"ffn_out"``, only the MLP's
+    output weight ``W2`` (``d_model x 4 d_model``), the quantity Xiong et al. bound. The model's
+    gradients are left set."""
+    check_choice(part, ("all", "ffn_out"), "part")
     model.zero_grad(set_to_none=True)
     model.loss(idx, targets).backward()
+    chosen = (lambda name, p: p.ndim == 2) if part == "all" else (lambda name, p: name == "mlp.2.weight")
     return [
-        math.sqrt(sum(float(p.grad.pow(2).sum()) for name, p in block.named_parameters() if p.ndim == 2))
+        math.sqrt(sum(float(p.grad.pow(2).sum()) for name, p in block.named_parameters() if chosen(name, p)))
         for block in model.blocks
     ]
