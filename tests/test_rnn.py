@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lnbook.rnn import GRUCell, LSTMCell, SequenceClassifier
+from lnbook.rnn import GRUCell, LSTMCell, SequenceClassifier, population_statistics
 
 
 def copy_from(cell, torch_rnn):
@@ -94,3 +94,40 @@ def test_bad_arguments():
         model(torch.randn(2, 5, 3), torch.tensor([6, 1]))
     with pytest.raises(ValueError, match=r"x must have shape \(B, T, F\)"):
         model(torch.randn(5, 3))
+
+
+def test_population_statistics_are_the_training_set_averages():
+    torch.manual_seed(3)
+    model = SequenceClassifier(LSTMCell(3, 5, "batch", max_steps=4), 2)
+    x, y = torch.randn(10, 4, 3), torch.randint(0, 2, (10,))
+    inputs = []  # what norm_ih sees at each step, in training mode
+    hook = model.cell.norm_ih.register_forward_hook(lambda m, args, kw, out: inputs.append(args[0]), with_kwargs=True)
+    with torch.no_grad():
+        model.train()(x[:5]), model(x[5:])
+    hook.remove()
+    weights = {k: v.clone() for k, v in model.named_parameters()}
+    model.eval()
+    counts = population_statistics(model, (x, y), batch_size=5)
+    assert counts.tolist() == [10, 10, 10, 10]
+    for t in range(4):
+        a, b = inputs[t], inputs[4 + t]  # step t of the first and of the second batch
+        torch.testing.assert_close(model.cell.norm_ih.running_mean[t], (a.mean(0) + b.mean(0)) / 2)
+        torch.testing.assert_close(model.cell.norm_ih.running_var[t], (a.var(0) + b.var(0)) / 2)
+    assert not model.training
+    assert all(torch.equal(v, weights[k]) for k, v in model.named_parameters())
+
+
+def test_population_statistics_at_steps_with_fewer_than_two_sequences():
+    torch.manual_seed(4)
+    model = SequenceClassifier(LSTMCell(3, 5, "batch", max_steps=6), 2)
+    x, lengths, y = torch.randn(6, 6, 3), torch.tensor([6, 3, 4, 3, 2, 5]), torch.zeros(6, dtype=torch.long)
+    counts = population_statistics(model, (x, lengths, y), batch_size=3)
+    # batches (6, 3, 4) and (3, 2, 5): at step 3 the second has one real sequence, at step 4 each has one
+    assert counts.tolist() == [6, 6, 5, 2, 0, 0]
+    norm = model.cell.norm_c
+    assert torch.equal(norm.running_mean[4], norm.running_mean[3]) and torch.equal(norm.running_var[5], norm.running_var[3])
+    assert not torch.equal(norm.running_mean[3], norm.running_mean[2])
+    with pytest.raises(ValueError, match="no TimeStepBatchNorm"):
+        population_statistics(SequenceClassifier(LSTMCell(3, 5, "layer"), 2), (x, y))
+    with pytest.raises(ValueError, match="batch_size must be at least 2"):
+        population_statistics(model, (x, lengths, y), batch_size=1)

@@ -178,3 +178,76 @@ class SequenceClassifier(nn.Module):
             else:
                 state = torch.where(keep, new, state)
         return self.head(state[0] if isinstance(self.cell, LSTMCell) else state)
+
+
+def population_statistics(model: nn.Module, data: tuple[torch.Tensor, ...], batch_size: int = 64) -> torch.Tensor:
+    """Re-estimate every :class:`~lnbook.norms.TimeStepBatchNorm` of ``model`` over a data set:
+    Cooijmans et al.'s population statistics, in place of the moving averages of training.
+
+    One pass over ``data = (inputs..., labels)`` (e.g. ``(x (N, T, F), y)`` or ``(x, lengths,
+    y)``; the labels are ignored), in order, in batches of ``batch_size``, with the model in
+    training mode, so that every step is normalized with its batch's statistics exactly as in
+    training, but under ``no_grad`` and with no optimizer: no weight changes. Step ``t``'s
+    ``running_mean`` and ``running_var`` become the average over the batches of that step's
+    batch mean and unbiased batch variance, each batch weighted by its number of real
+    sequences at step ``t`` (a cumulative average, not a moving one).
+
+    A batch counts at step ``t`` only where at least two of its sequences are real there (the
+    rule ``TimeStepBatchNorm`` trains by: one value has no variance). A step that no batch
+    reaches in this way gets the statistics of the last earlier step that has some, as steps
+    beyond ``max_steps`` do at inference. The model's training flag and its
+    ``num_batches_tracked`` are restored. Returns the number of sequences that counted at
+    each step, ``(max_steps,)`` int64 (the same for every norm of the model).
+    """
+    norms = [m for m in model.modules() if isinstance(m, TimeStepBatchNorm)]
+    if not norms:
+        raise ValueError("model has no TimeStepBatchNorm: there are no per-step statistics to estimate")
+    check_positive_int(batch_size, "batch_size")
+    if batch_size < 2:
+        raise ValueError(f"batch_size must be at least 2 (batch statistics need two sequences), got {batch_size}")
+    if not isinstance(data, (tuple, list)) or len(data) < 2 or not all(isinstance(d, torch.Tensor) for d in data):
+        raise TypeError("data must be a tuple (inputs..., labels) of tensors")
+    n = len(data[-1])
+    sums = {id(m): [torch.zeros(m.max_steps, m.num_features, dtype=torch.float64) for _ in range(2)] for m in norms}
+    counts = {id(m): torch.zeros(m.max_steps, dtype=torch.long) for m in norms}
+
+    def record(module: TimeStepBatchNorm, args: tuple, kwargs: dict) -> None:
+        x, t, mask = args[0], kwargs.get("t", args[1] if len(args) > 1 else None), kwargs.get("mask")
+        if t is None:
+            raise ValueError("population_statistics needs the norms called one step at a time (with t)")
+        real = x if mask is None else x[mask]
+        if len(real) >= 2:
+            mean_sum, var_sum = sums[id(module)]
+            mean_sum[t] += len(real) * real.double().mean(0)
+            var_sum[t] += len(real) * real.double().var(0, unbiased=True)
+            counts[id(module)][t] += len(real)
+
+    starts = list(range(0, n, batch_size))
+    if len(starts) > 1 and n - starts[-1] < 2:  # a last batch of one joins the one before
+        starts.pop()
+    ends = starts[1:] + [n]
+    tracked = [m.num_batches_tracked.clone() for m in norms]
+    hooks = [m.register_forward_pre_hook(record, with_kwargs=True) for m in norms]
+    was_training = model.training
+    device = norms[0].running_mean.device
+    try:
+        model.train()
+        with torch.no_grad():
+            for start, end in zip(starts, ends):
+                model(*(d[start:end].to(device) for d in data[:-1]))
+    finally:
+        for hook in hooks:
+            hook.remove()
+        model.train(was_training)
+    with torch.no_grad():
+        for m, old in zip(norms, tracked):
+            (mean_sum, var_sum), count = sums[id(m)], counts[id(m)]
+            for t in range(m.max_steps):
+                if count[t] > 0:
+                    m.running_mean[t] = (mean_sum[t] / count[t]).to(m.running_mean.dtype)
+                    m.running_var[t] = (var_sum[t] / count[t]).to(m.running_var.dtype)
+                elif t > 0:  # no batch reached this step: the last estimated step's statistics
+                    m.running_mean[t] = m.running_mean[t - 1]
+                    m.running_var[t] = m.running_var[t - 1]
+            m.num_batches_tracked.copy_(old)
+    return counts[id(norms[0])]
