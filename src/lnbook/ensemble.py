@@ -324,6 +324,18 @@ def batch_order(lengths: torch.Tensor, members: int, batch_size: int, order: str
     return torch.stack(epochs)
 
 
+def _sequences(data: Dataset) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(x, lengths, y)`` of ``(x, y)`` (every sequence full length) or ``(x, lengths, y)``."""
+    *inputs, y = data
+    return inputs[0], (inputs[1] if len(inputs) > 1 else torch.full((len(y),), inputs[0].shape[1])), y
+
+
+def _batch(model: EnsembleRNN, x: torch.Tensor, lengths: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Logits of the members' mini-batches ``idx (E, B)``, each run only to its longest sequence."""
+    device = model.wx.device
+    return model(x[idx, : int(lengths[idx].max())].to(device), lengths[idx].to(device))
+
+
 def _clip(params: list[torch.Tensor], max_norm: float) -> None:
     """Scale each member's gradients so that its global norm is at most max_norm."""
     sq = sum(p.grad.pow(2).flatten(1).sum(1) for p in params)
@@ -364,25 +376,28 @@ def fit(
     for name, value in (("max_steps", max_steps), ("eval_every", eval_every)):
         if value is not None:
             check_positive_int(value, name)
-    *inputs, y = train
-    x, lengths = inputs[0], (inputs[1] if len(inputs) > 1 else torch.full((len(y),), inputs[0].shape[1]))
+    x, lengths, y = _sequences(train)
     if batch_size > len(y):
         raise ValueError(f"batch_size must be at most the {len(y)} training examples, got {batch_size}")
     generator = torch.Generator().manual_seed(seed)
     params = list(model.parameters())
     opt = torch.optim.Adam(params, lr=lr)
-    device, e = model.wx.device, model.members
+    e = model.members
     model.train()
     losses: list[torch.Tensor] = []
     history = EnsembleHistory()
     accs: list[np.ndarray] = []
+
+    def evaluate() -> None:
+        history.eval_steps.append(len(losses))
+        accs.append(accuracy(model, test))
+
     for _ in range(epochs):
         batches = batch_order(lengths, e, batch_size, order, generator)
         for i in range(batches.shape[1]):
             idx = batches[:, i]  # (E, B)
-            steps = int(lengths[idx].max())
-            xb, lb, yb = x[idx, :steps].to(device), lengths[idx].to(device), y[idx].to(device)
-            logits = model(xb, lb)
+            logits = _batch(model, x, lengths, idx)
+            yb = y[idx].to(logits.device)
             loss = nn.functional.cross_entropy(logits.flatten(0, 1), yb.flatten(), reduction="none").view(e, -1).mean(1)
             opt.zero_grad(set_to_none=True)
             loss.sum().backward()
@@ -391,19 +406,15 @@ def fit(
             opt.step()
             losses.append(loss.detach().cpu())
             if eval_every is not None and len(losses) % eval_every == 0:
-                history.eval_steps.append(len(losses))
-                accs.append(accuracy(model, test))
+                evaluate()
             if len(losses) == max_steps:
                 break
-        if eval_every is None or len(losses) == max_steps:
-            if history.eval_steps[-1:] != [len(losses)]:
-                history.eval_steps.append(len(losses))
-                accs.append(accuracy(model, test))
         if len(losses) == max_steps:
             break
+        if eval_every is None:
+            evaluate()
     if history.eval_steps[-1:] != [len(losses)]:
-        history.eval_steps.append(len(losses))
-        accs.append(accuracy(model, test))
+        evaluate()
     history.step_loss = torch.stack(losses).numpy()
     history.test_acc = np.stack(accs)
     return history
@@ -415,8 +426,7 @@ def population_statistics(model: EnsembleRNN, data: Dataset, batch_size: int, se
     mini-batches of ``batch_size``, no update of the weights)."""
     if model.norm not in ("batch", "batch_unmasked", "batch_per_step"):
         raise ValueError(f"population statistics need a batch norm, the model's norm is {model.norm!r}")
-    *inputs, y = data
-    lengths = inputs[1] if len(inputs) > 1 else torch.full((len(y),), inputs[0].shape[1])
+    x, lengths, _ = _sequences(data)
     momentum, was_training = model.momentum, model.training
     model.momentum = None
     model.reset_statistics()
@@ -425,9 +435,7 @@ def population_statistics(model: EnsembleRNN, data: Dataset, batch_size: int, se
         with torch.no_grad():
             batches = batch_order(lengths, model.members, batch_size, "random", torch.Generator().manual_seed(seed))
             for i in range(batches.shape[1]):
-                idx = batches[:, i]
-                steps = int(lengths[idx].max())
-                model(inputs[0][idx, :steps].to(model.wx.device), lengths[idx].to(model.wx.device))
+                _batch(model, x, lengths, batches[:, i])
     finally:
         model.momentum = momentum
         model.train(was_training)
