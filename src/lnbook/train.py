@@ -215,6 +215,81 @@ def lm_loss(model: nn.Module, ids: torch.Tensor, block_size: int, batches: int =
     return sum(losses) / len(losses)
 
 
+def mlm_batch(
+    ids: torch.Tensor, batch_size: int, block_size: int, mask_id: int, generator: torch.Generator,
+    min_len: int = 1, mask_rate: float = 0.15,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A right-padded batch for masked-token prediction, as BERT's pre-training (simplified).
+
+    Draws ``batch_size`` windows of ``ids`` with lengths uniform in ``min_len..block_size``,
+    replaces each real token with ``mask_id`` with probability ``mask_rate`` (at least one per
+    window; BERT also leaves some unchanged or random, this does not) and pads to ``block_size``.
+    Returns ``idx (B, T)`` with the masked input, ``targets (B, T)``: the original token where
+    it was masked, -100 (ignored) elsewhere, and ``mask (B, T)``: True on the real tokens.
+    """
+    check_positive_int(batch_size, "batch_size")
+    check_int(min_len, "min_len", 1)
+    if min_len > block_size:
+        raise ValueError(f"min_len must be at most block_size = {block_size}, got {min_len}")
+    check_number(mask_rate, "mask_rate", "a number in (0, 1]", lambda v: 0 < v <= 1)
+    lengths = torch.randint(min_len, block_size + 1, (batch_size,), generator=generator)
+    starts = torch.randint(len(ids) - block_size, (batch_size,), generator=generator)
+    tokens = ids[starts[:, None] + torch.arange(block_size)]
+    mask = torch.arange(block_size) < lengths[:, None]
+    hidden = (torch.rand(batch_size, block_size, generator=generator) < mask_rate) & mask
+    hidden[torch.arange(batch_size), (torch.rand(batch_size, generator=generator) * lengths).long()] = True
+    return tokens.masked_fill(hidden, mask_id).masked_fill(~mask, 0), tokens.masked_fill(~hidden, -100), mask
+
+
+def mlm_loss(model: nn.Module, ids: torch.Tensor, block_size: int, mask_id: int, min_len: int = 1,
+             mask_rate: float = 0.15, batches: int = 4, batch_size: int = 32) -> float:
+    """Mean masked-token loss of ``model`` (in eval mode) on ``batches`` fixed batches of
+    :func:`mlm_batch` drawn from ``ids``."""
+    generator = torch.Generator().manual_seed(0)
+    with evaluating(model) as device:
+        losses = [float(model.loss(*(t.to(device) for t in mlm_batch(ids, batch_size, block_size, mask_id, generator,
+                                                                     min_len, mask_rate))))
+                  for _ in range(batches)]
+    return sum(losses) / len(losses)
+
+
+def _check_streams(train_ids: object, val_ids: object, block_size: int) -> None:
+    for name, ids in (("train_ids", train_ids), ("val_ids", val_ids)):
+        if not isinstance(ids, torch.Tensor) or ids.ndim != 1 or ids.dtype != torch.int64:
+            raise TypeError(f"{name} must be a 1-D int64 tensor of token ids")
+    check_positive_int(block_size, "block_size")
+    if min(len(train_ids), len(val_ids)) <= block_size:
+        raise ValueError(f"train_ids and val_ids must be longer than block_size = {block_size}")
+
+
+def _fit_steps(
+    model: nn.Module, batch: Callable[[torch.Generator], tuple[torch.Tensor, ...]], validate: Callable[[], float],
+    *, steps: int, lr: float, seed: int, warmup: int, grad_clip: float | None, eval_every: int,
+) -> LMHistory:
+    """The loop :func:`fit_lm` and :func:`fit_mlm` share: Adam on ``model.loss(*batch(generator))``
+    with a linear warm-up, ``validate()`` every ``eval_every`` steps, a stop on a non-finite loss."""
+    for name, value in (("steps", steps), ("eval_every", eval_every)):
+        check_positive_int(value, name)
+    check_int(warmup, "warmup")
+    run = prepare(model, lr, seed)
+    history, elapsed = LMHistory(), 0.0
+    for step in range(1, steps + 1):
+        start = time.perf_counter()
+        for group in run.optimizer.param_groups:
+            group["lr"] = lr * min(1.0, step / warmup) if warmup else lr
+        inputs = (t.to(run.device) for t in batch(run.generator))
+        history.step_loss.append(optimizer_step(run.optimizer, model.loss(*inputs), grad_clip))
+        elapsed += time.perf_counter() - start
+        if not math.isfinite(history.step_loss[-1]):
+            history.diverged = True
+            break
+        if step % eval_every == 0 or step == steps:
+            history.val_steps.append(step)
+            history.val_loss.append(validate())
+            history.wall_time.append(elapsed)
+    return history
+
+
 def fit_lm(
     model: nn.Module,
     train_ids: torch.Tensor,
@@ -241,32 +316,51 @@ def fit_lm(
         eval_every: measure the validation loss (:func:`lm_loss`) every this many steps and
             after the last. A non-finite training loss stops training (``diverged``).
     """
-    for name, ids in (("train_ids", train_ids), ("val_ids", val_ids)):
-        if not isinstance(ids, torch.Tensor) or ids.ndim != 1 or ids.dtype != torch.int64:
-            raise TypeError(f"{name} must be a 1-D int64 tensor of token ids")
-    for name, value in (("steps", steps), ("batch_size", batch_size), ("block_size", block_size), ("eval_every", eval_every)):
-        check_positive_int(value, name)
-    check_int(warmup, "warmup")
-    if min(len(train_ids), len(val_ids)) <= block_size:
-        raise ValueError(f"train_ids and val_ids must be longer than block_size = {block_size}")
-    run = prepare(model, lr, seed)
-    history, elapsed = LMHistory(), 0.0
-    for step in range(1, steps + 1):
-        start = time.perf_counter()
-        for group in run.optimizer.param_groups:
-            group["lr"] = lr * min(1.0, step / warmup) if warmup else lr
-        starts = torch.randint(len(train_ids) - block_size, (batch_size,), generator=run.generator)
-        idx, targets = (t.to(run.device) for t in _windows(train_ids, starts, block_size))
-        history.step_loss.append(optimizer_step(run.optimizer, model.loss(idx, targets), grad_clip))
-        elapsed += time.perf_counter() - start
-        if not math.isfinite(history.step_loss[-1]):
-            history.diverged = True
-            break
-        if step % eval_every == 0 or step == steps:
-            history.val_steps.append(step)
-            history.val_loss.append(lm_loss(model, val_ids, block_size))
-            history.wall_time.append(elapsed)
-    return history
+    _check_streams(train_ids, val_ids, block_size)
+    check_positive_int(batch_size, "batch_size")
+
+    def batch(generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        return _windows(train_ids, torch.randint(len(train_ids) - block_size, (batch_size,), generator=generator), block_size)
+
+    return _fit_steps(model, batch, lambda: lm_loss(model, val_ids, block_size), steps=steps, lr=lr, seed=seed,
+                      warmup=warmup, grad_clip=grad_clip, eval_every=eval_every)
+
+
+def fit_mlm(
+    model: nn.Module,
+    train_ids: torch.Tensor,
+    val_ids: torch.Tensor,
+    *,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    block_size: int,
+    seed: int,
+    mask_id: int,
+    min_len: int = 1,
+    mask_rate: float = 0.15,
+    warmup: int = 0,
+    grad_clip: float | None = 1.0,
+    eval_every: int = 50,
+) -> LMHistory:
+    """Train an encoder on masked-token prediction over padded batches (:func:`mlm_batch`), with Adam.
+
+    ``model.loss(idx, targets, mask)`` must ignore targets of -100 and take the padding mask,
+    as ``TinyGPT`` does (build it with ``causal=False`` and ``vocab_size > mask_id``).
+    ``mask_id`` is a token id that neither stream uses. The validation loss is
+    :func:`mlm_loss`; ``min_len`` and ``mask_rate`` are :func:`mlm_batch`'s; everything else is
+    as in :func:`fit_lm`.
+    """
+    _check_streams(train_ids, val_ids, block_size)
+    check_positive_int(batch_size, "batch_size")
+    largest = int(max(train_ids.max(), val_ids.max()))
+    check_int(mask_id, "mask_id", largest + 1, f"a token id no stream uses (> {largest})")
+
+    def batch(generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+        return mlm_batch(train_ids, batch_size, block_size, mask_id, generator, min_len, mask_rate)
+
+    return _fit_steps(model, batch, lambda: mlm_loss(model, val_ids, block_size, mask_id, min_len, mask_rate), steps=steps,
+                      lr=lr, seed=seed, warmup=warmup, grad_clip=grad_clip, eval_every=eval_every)
 
 
 def fit_job(job: dict) -> tuple[nn.Module, History | LMHistory]:
