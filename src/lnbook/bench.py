@@ -133,19 +133,21 @@ def layernorm_traffic(m: int, n: int, element_size: int, *, backward: bool = Fal
 
     ``bytes``: every tensor read or written once, ``element_size`` bytes per element of x, y,
     dy, dx, and float32 weights, biases and per-row statistics. Forward: read x, w, b; write y,
-    mean, rstd. Backward: read x, dy, w, mean, rstd; write dx, dw, db. ``flops``: per element,
+    mean, rstd. Backward: read x, dy, w, mean, rstd; write dx, dw, db. RMSNorm (``rms``) has
+    no bias and no mean: forward reads x, w and writes y, rstd; backward reads x, dy, w, rstd
+    and writes dx, dw. ``flops``: per element,
     forward 7 (LayerNorm; 5 for RMSNorm: no mean) and backward 11 (9); the per-row work is
     negligible. Their ratio, the arithmetic intensity, decides whether a kernel is memory-bound.
     """
     check_positive_int(m, "m")
     check_positive_int(n, "n")
     check_positive_int(element_size, "element_size")
-    params = 1 if rms else 2  # weight, and bias unless RMSNorm
+    params = stats = 1 if rms else 2  # weight and rstd; LayerNorm adds a bias and the mean
     if backward:
-        nbytes = 3 * m * n * element_size + (1 + params) * n * 4 + 2 * m * 4
+        nbytes = 3 * m * n * element_size + (1 + params) * n * 4 + stats * m * 4
         flops = (9 if rms else 11) * m * n
     else:
-        nbytes = 2 * m * n * element_size + params * n * 4 + 2 * m * 4
+        nbytes = 2 * m * n * element_size + params * n * 4 + stats * m * 4
         flops = (5 if rms else 7) * m * n
     return {"bytes": nbytes, "flops": flops}
 
