@@ -538,7 +538,7 @@ def test_apply_norm_hands_the_mask_and_the_step_only_to_norms_that_take_them():
     norms.apply_norm(per_step, x, mask, t=2)
     assert per_step.running_mean[2].abs().sum() > 0 and per_step.running_mean[:2].abs().sum() == 0
 
-    class NeedsMask(nn.Module):  # a norm of the reader's own, as chapter 08's GraphNorm
+    class NeedsMask(nn.Module):  # a norm of the reader's own, as chapter 09's GraphNorm
         def forward(self, x, mask):
             return torch.where(mask[:, None], x, 0.0)
 

@@ -91,7 +91,7 @@ class LSTMCell(_NormedCell):
     """LSTM cell (Hochreiter & Schmidhuber, 1997) with optional normalization.
 
     ``norm``: ``"none"`` (exactly ``torch.nn.LSTMCell``), ``"layer"``, ``"batch"`` or one of
-    chapter 08's (module docstring); ``norm_input``, ``norm_hidden``, ``norm_cell`` select
+    chapter 09's (module docstring); ``norm_input``, ``norm_hidden``, ``norm_cell`` select
     the placements.
     Call ``cell(x, (h, c), t, mask)`` with ``x (B, input_size)``, ``h, c (B, hidden_size)``,
     the step ``t`` (per-step statistics) and an optional ``(B,)`` mask of real sequences;
