@@ -175,3 +175,79 @@ def test_fit_many_and_cpu_workers_reject_bad_input():
     job = copy.copy(jobs(1)[0]) | {"epochs": 0}
     with pytest.raises(ValueError, match="epochs must be a positive int"):
         train.fit_many([job])
+
+
+def _lm_run(**kw):
+    c = data.char_corpus()
+    torch.manual_seed(0)
+    m = TinyGPT(GPTConfig(c.vocab_size, 16, n_layer=2, n_head=2, d_model=16))
+    args = {"steps": 12, "lr": 1e-2, "batch_size": 4, "block_size": 16, "seed": 0, "eval_every": 6} | kw
+    return m, train.fit_lm(m, c.train, c.val, **args)
+
+
+def test_fit_lm_recording_changes_nothing_but_records():
+    _, plain = _lm_run()
+    model, rec = _lm_run(record_logits=True)
+    assert plain.attn_logit_max == plain.attn_entropy == plain.log_z == []
+    np.testing.assert_allclose(rec.step_loss, plain.step_loss, rtol=1e-4)  # explicit attention: same up to rounding
+    assert len(rec.attn_logit_max) == len(rec.attn_entropy) == len(rec.log_z) == 12
+    assert 0 < min(rec.attn_entropy) and max(rec.attn_entropy) < np.log(16)
+    assert all(not block.attn.record_logits for block in model.blocks)  # switched off after training
+    # the first step's records, by hand: the model as it was before the first update
+    c = data.char_corpus()
+    torch.manual_seed(0)
+    fresh = TinyGPT(GPTConfig(c.vocab_size, 16, n_layer=2, n_head=2, d_model=16))
+    gen = torch.Generator().manual_seed(0)
+    starts = torch.randint(len(c.train) - 16, (4,), generator=gen)
+    idx = c.train[starts[:, None] + torch.arange(16)]
+    for block in fresh.blocks:
+        block.attn.record_logits = True
+    with torch.no_grad():
+        logits = fresh(idx)
+    assert rec.log_z[0] == pytest.approx(logits.logsumexp(-1).mean().item(), rel=1e-5)
+    assert rec.attn_logit_max[0] == pytest.approx(max(b.attn.logit_max for b in fresh.blocks), rel=1e-5)
+    with pytest.raises(ValueError, match="record_logits=True needs attention layers"):
+        train.fit_lm(torch.nn.Linear(2, 2), c.train, c.val, steps=1, lr=1e-3, batch_size=1, block_size=4, seed=0,
+                     record_logits=True)
+    with pytest.raises(TypeError, match="record_logits must be a bool"):
+        _lm_run(record_logits=1)
+    with pytest.raises(ValueError, match="z_loss must be a number >= 0"):
+        _lm_run(z_loss=-1.0)
+
+
+def test_z_loss_adds_its_gradient_and_pulls_log_z_to_zero():
+    """The step with z-loss equals Adam on cross-entropy + w * mean(logsumexp(logits)**2), whose
+    gradient with respect to the logits is softmax - onehot (over N positions) plus 2 w log Z softmax / N."""
+    c = data.char_corpus()
+    w = 0.5
+    torch.manual_seed(0)
+    m = TinyGPT(GPTConfig(c.vocab_size, 16, n_layer=1, n_head=2, d_model=16)).double()
+    gen = torch.Generator().manual_seed(0)
+    starts = torch.randint(len(c.train) - 16, (4,), generator=gen)
+    window = c.train[starts[:, None] + torch.arange(17)]
+    idx, targets = window[:, :-1], window[:, 1:]
+    logits = m(idx).detach().requires_grad_()
+    (torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten()) + w * logits.logsumexp(-1).pow(2).mean()).backward()
+    n = targets.numel()
+    p = logits.detach().softmax(-1)
+    by_hand = (p - torch.nn.functional.one_hot(targets, c.vocab_size)) / n + 2 * w * logits.detach().logsumexp(-1, keepdim=True) * p / n
+    torch.testing.assert_close(logits.grad, by_hand, rtol=1e-10, atol=1e-14)
+    # fit_lm with z_loss minimizes exactly that: one step by hand equals fit_lm's first step
+    def fresh():
+        torch.manual_seed(0)
+        return TinyGPT(GPTConfig(c.vocab_size, 16, n_layer=1, n_head=2, d_model=16)).double()
+
+    a = fresh()
+    train.fit_lm(a, c.train, c.val, steps=1, lr=1e-2, batch_size=4, block_size=16, seed=0, z_loss=w, grad_clip=None)
+    b = fresh()
+    opt = torch.optim.Adam(b.parameters(), lr=1e-2)
+    out = b(idx)
+    (torch.nn.functional.cross_entropy(out.flatten(0, 1), targets.flatten()) + w * out.logsumexp(-1).pow(2).mean()).backward()
+    opt.step()
+    for p_a, p_b in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p_a, p_b, rtol=1e-12, atol=1e-12)
+    # and over a few steps a large weight pulls log Z toward 0 while the reported loss is the cross-entropy alone
+    _, plain = _lm_run(steps=30, record_logits=True)
+    _, held = _lm_run(steps=30, record_logits=True, z_loss=1.0)
+    assert abs(held.log_z[-1]) < 0.5 * abs(plain.log_z[-1])
+    assert held.step_loss[0] == pytest.approx(plain.step_loss[0], rel=1e-6)  # the first step: same model, z-loss not reported

@@ -246,3 +246,107 @@ def test_vit_learns_digits():
     finally:
         torch.set_num_threads(threads)
     assert history.test_acc[-1] > 0.5  # chance is 0.1
+
+
+# ---------------------------------------------------------------- stability settings (chapter 07)
+def test_qk_norm_normalizes_each_heads_queries_and_keys():
+    m = model(qk_norm="layernorm")
+    attn = m.blocks[0].attn
+    assert isinstance(attn.q_norm.norm, torch.nn.LayerNorm) and attn.q_norm.norm.normalized_shape == (8,)
+    assert not hasattr(model().blocks[0].attn, "q_norm")  # the default builds no extra module
+    assert isinstance(model(qk_norm="rmsnorm").blocks[0].attn.k_norm.norm, RMSNorm)
+    seen = {}
+    attn.q_norm.register_forward_hook(lambda mod, args, out: seen.update(q_in=args[0], q_out=out))
+    idx = torch.randint(VOCAB, (2, 12))
+    m(idx)
+    assert seen["q_in"].shape == (2, 2, 12, 8)  # (B, heads, T, head dim)
+    q = seen["q_in"]  # LayerNorm over the last (head) dimension, weight 1 and bias 0 at init
+    by_hand = (q - q.mean(-1, keepdim=True)) / torch.sqrt(q.var(-1, unbiased=False, keepdim=True) + 1e-5)
+    torch.testing.assert_close(seen["q_out"], by_hand, atol=1e-10, rtol=0)
+    # scaling the query-key weights does not change the output with QK-norm, and does without
+    for qk, changes in (("layernorm", False), ("none", True)):
+        a = model(qk_norm=qk)
+        before = a(idx)
+        with torch.no_grad():
+            for block in a.blocks:
+                block.attn.qkv.weight[:32].mul_(10.0)
+                if block.attn.qkv.bias is not None:
+                    block.attn.qkv.bias[:32].mul_(10.0)
+        moved = (a(idx) - before).abs().max().item()
+        assert (moved > 1e-3) == changes, (qk, moved)
+
+
+def test_recorded_attention_is_the_same_attention_and_its_statistics_are_right():
+    idx = torch.randint(VOCAB, (2, 12))
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    mask[1, 9:] = False
+    for kw in ({}, {"qk_norm": "layernorm"}, {"causal": False}):
+        m = model(**kw)
+        plain = m(idx, mask)
+        for block in m.blocks:
+            block.attn.record_logits = True
+        torch.testing.assert_close(m(idx, mask), plain, rtol=0, atol=1e-12)
+        torch.testing.assert_close(m(idx), model(**kw)(idx), rtol=0, atol=1e-12)
+    # by hand, for one layer: the largest logit and the mean entropy of the causal weights
+    m = model()
+    attn = m.blocks[0].attn
+    attn.record_logits = True
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    attn(x, None)
+    q, k, _ = (z.view(2, 5, 2, 8).transpose(1, 2) for z in attn.qkv(x).split(16, dim=2))
+    logits = (q @ k.transpose(-2, -1) / math.sqrt(8)).masked_fill(~torch.ones(5, 5, dtype=torch.bool).tril(), float("-inf"))
+    p = logits.softmax(-1)
+    entropy = -(p * p.clamp_min(1e-300).log()).sum(-1).mean()
+    assert attn.logit_max == pytest.approx(logits.max().item(), abs=1e-12)
+    assert attn.entropy == pytest.approx(entropy.item(), abs=1e-12)
+    assert 0 < attn.entropy < math.log(5)  # the first query sees one token: entropy 0 there
+
+
+def test_deepnorm_up_weights_the_residual_and_scales_the_init_down():
+    layers = 6
+    alpha, beta = (2 * layers) ** 0.25, (8 * layers) ** -0.25
+    torch.manual_seed(0)
+    plain = TinyGPT(config(n_layer=layers, norm_position="post", init="xavier"))
+    torch.manual_seed(0)
+    deep = TinyGPT(config(n_layer=layers, norm_position="post", init="xavier", deepnorm=True))
+    for a, b in zip(plain.blocks, deep.blocks):
+        assert b.alpha == pytest.approx(alpha) and a.alpha == 1.0
+        torch.testing.assert_close(b.attn.qkv.weight[:32], a.attn.qkv.weight[:32], rtol=0, atol=0)  # queries, keys as they were
+        torch.testing.assert_close(b.attn.qkv.weight[32:], beta * a.attn.qkv.weight[32:], rtol=1e-6, atol=0)  # values
+        for wb, wa in ((b.attn.proj.weight, a.attn.proj.weight), (b.mlp[0].weight, a.mlp[0].weight), (b.mlp[2].weight, a.mlp[2].weight)):
+            torch.testing.assert_close(wb, beta * wa, rtol=1e-6, atol=0)
+    # the block computes norm(alpha * x + f(x)) for each sublayer
+    block = deep.blocks[0].double()
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    h = block.norm1(alpha * x + block.attn(x, None), None)
+    torch.testing.assert_close(block(x), block.norm2(alpha * h + block.mlp(h), None), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "kw, error, match",
+    [
+        ({"qk_norm": "dyt"}, ValueError, "qk_norm must be one of"),
+        ({"deepnorm": 1}, TypeError, "deepnorm must be a bool"),
+        ({"deepnorm": True}, ValueError, "deepnorm=True needs norm_position='post'"),
+    ],
+)
+def test_bad_stability_settings_raise(kw, error, match):
+    with pytest.raises(error, match=match):
+        config(**kw)
+
+
+def test_the_default_model_is_unchanged_by_the_new_settings():
+    """Same parameters drawn from the same seed, same outputs: chapters 06, 08 and 09 reproduce."""
+    torch.manual_seed(0)
+    a = TinyGPT(config())
+    torch.manual_seed(0)
+    b = TinyGPT(config(qk_norm="none", deepnorm=False))
+    assert [n for n, _ in a.named_parameters()] == [n for n, _ in b.named_parameters()]
+    torch.manual_seed(0)
+    TinyGPT(config())
+    after_default = torch.rand(3)
+    torch.manual_seed(0)
+    TinyGPT(config(qk_norm="layernorm"))
+    assert torch.equal(torch.rand(3), after_default)  # QK-norm's parameters draw nothing
+    for (_, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+        assert torch.equal(p, q)

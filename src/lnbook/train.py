@@ -21,6 +21,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from ._checks import check_choice, check_int, check_number, check_positive_int, describe
 from .data import Dataset
@@ -192,13 +193,22 @@ def fit(
 class LMHistory:
     """What :func:`fit_lm` measured: the training loss of every step; the validation loss
     ``val_loss[i]`` after step ``val_steps[i]`` and the training seconds so far, ``wall_time[i]``;
-    and whether training stopped early on a non-finite loss (``diverged``)."""
+    and whether training stopped early on a non-finite loss (``diverged``).
+
+    With ``fit_lm(..., record_logits=True)``, one entry per step, measured on the step's batch
+    before its update: ``attn_logit_max``, the largest attention logit of any layer and head;
+    ``attn_entropy``, the smallest over the layers of the mean attention entropy (nats);
+    ``log_z``, the mean over positions of the output's ``logsumexp(logits)``. Empty otherwise.
+    With a ``z_loss`` weight, ``step_loss`` is the cross-entropy alone, without the z-loss term."""
 
     step_loss: list[float] = field(default_factory=list)
     val_steps: list[int] = field(default_factory=list)
     val_loss: list[float] = field(default_factory=list)
     wall_time: list[float] = field(default_factory=list)
     diverged: bool = False
+    attn_logit_max: list[float] = field(default_factory=list)
+    attn_entropy: list[float] = field(default_factory=list)
+    log_z: list[float] = field(default_factory=list)
 
 
 def _windows(ids: torch.Tensor, starts: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -265,9 +275,14 @@ def _check_streams(train_ids: object, val_ids: object, block_size: int) -> None:
 def _fit_steps(
     model: nn.Module, batch: Callable[[torch.Generator], tuple[torch.Tensor, ...]], validate: Callable[[], float],
     *, steps: int, lr: float, seed: int, warmup: int, grad_clip: float | None, eval_every: int,
+    objective: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
+    record: Callable[[LMHistory], None] | None = None,
 ) -> LMHistory:
     """The loop :func:`fit_lm` and :func:`fit_mlm` share: Adam on ``model.loss(*batch(generator))``
-    with a linear warm-up, ``validate()`` every ``eval_every`` steps, a stop on a non-finite loss."""
+    with a linear warm-up, ``validate()`` every ``eval_every`` steps, a stop on a non-finite loss.
+
+    ``objective(*batch)``, if given, replaces ``model.loss`` and returns ``(loss to minimize,
+    loss to report)``; ``record(history)``, if given, runs after each step's forward pass."""
     for name, value in (("steps", steps), ("eval_every", eval_every)):
         check_positive_int(value, name)
     check_int(warmup, "warmup")
@@ -278,7 +293,14 @@ def _fit_steps(
         for group in run.optimizer.param_groups:
             group["lr"] = lr * min(1.0, step / warmup) if warmup else lr
         inputs = (t.to(run.device) for t in batch(run.generator))
-        history.step_loss.append(optimizer_step(run.optimizer, model.loss(*inputs), grad_clip))
+        if objective is None:  # the default path, as it always was
+            history.step_loss.append(optimizer_step(run.optimizer, model.loss(*inputs), grad_clip))
+        else:
+            loss, reported = objective(*inputs)
+            if record is not None:
+                record(history)
+            optimizer_step(run.optimizer, loss, grad_clip)
+            history.step_loss.append(reported.item())
         elapsed += time.perf_counter() - start
         if not math.isfinite(history.step_loss[-1]):
             history.diverged = True
@@ -303,6 +325,8 @@ def fit_lm(
     warmup: int = 0,
     grad_clip: float | None = 1.0,
     eval_every: int = 50,
+    z_loss: float = 0.0,
+    record_logits: bool = False,
 ) -> LMHistory:
     """Train a next-token model on random windows of a token stream, with Adam.
 
@@ -315,15 +339,52 @@ def fit_lm(
         grad_clip: clip the global gradient norm to it (None: no clipping).
         eval_every: measure the validation loss (:func:`lm_loss`) every this many steps and
             after the last. A non-finite training loss stops training (``diverged``).
+        z_loss: add ``z_loss * mean(log(Z)**2)`` to the loss, where ``log Z = logsumexp(logits)``
+            over the vocabulary at each position (PaLM's auxiliary loss, which keeps the
+            softmax normalizer near 1; PaLM used 1e-4). 0: none. ``model(idx)`` must return
+            the logits ``(B, T, vocab)``.
+        record_logits: record ``attn_logit_max``, ``attn_entropy`` and ``log_z`` of every step
+            in the history (see :class:`LMHistory`); the model's attention layers (those with a
+            ``record_logits`` attribute, as ``TinyGPT``'s) compute attention explicitly while
+            training, which is slower. The default (False) leaves the training step as it is.
     """
     _check_streams(train_ids, val_ids, block_size)
     check_positive_int(batch_size, "batch_size")
+    check_number(z_loss, "z_loss", "a number >= 0", lambda v: v >= 0)
+    if not isinstance(record_logits, bool):
+        raise TypeError(f"record_logits must be a bool, got {type(record_logits).__name__}")
+    layers = [m for m in model.modules() if hasattr(m, "record_logits")]
+    if record_logits and not layers:
+        raise ValueError("record_logits=True needs attention layers with a record_logits attribute (as TinyGPT's)")
 
     def batch(generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         return _windows(train_ids, torch.randint(len(train_ids) - block_size, (batch_size,), generator=generator), block_size)
 
-    return _fit_steps(model, batch, lambda: lm_loss(model, val_ids, block_size), steps=steps, lr=lr, seed=seed,
-                      warmup=warmup, grad_clip=grad_clip, eval_every=eval_every)
+    objective = record = None
+    if z_loss or record_logits:
+        log_z = torch.zeros(())
+
+        def objective(idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            nonlocal log_z
+            logits = model(idx)
+            cross_entropy = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+            log_z = logits.logsumexp(-1)  # (B, T)
+            return (cross_entropy + z_loss * log_z.pow(2).mean() if z_loss else cross_entropy), cross_entropy
+
+        def record(history: LMHistory) -> None:
+            if record_logits:
+                history.attn_logit_max.append(max(m.logit_max for m in layers))
+                history.attn_entropy.append(min(m.entropy for m in layers))
+                history.log_z.append(log_z.detach().mean().item())
+
+    for m in layers:
+        m.record_logits = record_logits
+    try:
+        return _fit_steps(model, batch, lambda: lm_loss(model, val_ids, block_size), steps=steps, lr=lr, seed=seed,
+                          warmup=warmup, grad_clip=grad_clip, eval_every=eval_every, objective=objective, record=record)
+    finally:
+        for m in layers:
+            m.record_logits = False
 
 
 def fit_mlm(

@@ -5,6 +5,11 @@ Each block is attention then an MLP, each wrapped in a residual connection, with
 either before the sublayer (Pre-LN, ``x + f(norm(x))``) or after the residual sum (Post-LN,
 ``norm(x + f(x))``). An optional ``mask (B, T)`` marks the real tokens of a right-padded
 batch: padding is never attended to, so it changes no real token's output.
+Two settings for stability at high learning rates: ``qk_norm`` normalizes each head's queries
+and keys before their dot product (QK-layernorm), and ``deepnorm`` gives Post-LN blocks
+DeepNorm's up-weighted residual and down-scaled initialization. Setting an attention layer's
+``record_logits`` makes it compute attention explicitly and keep its largest logit and its
+entropy (:func:`lnbook.train.fit_lm` does that with ``record_logits=True``).
 ``TinyViT`` classifies images with the same blocks, without the causal mask, over patches.
 :data:`PRESETS` (and :func:`preset`) give the norm wiring of famous models as configs.
 """
@@ -24,6 +29,7 @@ from .norms import EXAMPLE_NORMS, apply_norm, check_norm, norm_layer
 NORMS = ("none", "batch", *EXAMPLE_NORMS)  # and chapter 06's spellings "layernorm", "rmsnorm", "batchnorm"
 POSITIONS = ("pre", "post")
 INITS = ("gpt2", "xavier")
+QK_NORMS = ("none", "layernorm", "rmsnorm")
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,15 @@ class GPTConfig:
     analysis: every linear layer's weight Xavier-uniform (query, key and value each as a
     ``d_model x d_model`` matrix), no scaling with depth, and the embeddings normal with standard
     deviation ``d_model ** -0.5``. Biases start at zero in both.
+    ``qk_norm``: ``"none"``; or ``"layernorm"`` / ``"rmsnorm"`` over each head's ``d_model //
+    n_head`` query and key features before their dot product (query-key normalization, Henry
+    et al. 2020; with LayerNorm, "QK-layernorm", as in ViT-22B), one norm for the queries and
+    one for the keys, shared by the heads.
+    ``deepnorm``: DeepNorm (Wang et al. 2022), for ``norm_position="post"`` only: each block
+    computes ``norm(alpha * x + f(x))`` with ``alpha = (2 n_layer) ** 0.25``, and after the
+    ``init`` above the value projection, attention's output and both MLP weights are multiplied
+    by ``beta = (8 n_layer) ** -0.25`` (the decoder-only constants; with ``init="xavier"`` this is
+    the paper's initialization, Xavier-uniform in place of Xavier-normal).
     """
 
     vocab_size: int
@@ -58,6 +73,8 @@ class GPTConfig:
     causal: bool = True
     bias: bool = True
     init: str = "gpt2"
+    qk_norm: str = "none"
+    deepnorm: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "d_model"):
@@ -71,6 +88,10 @@ class GPTConfig:
         check_bool(self.causal, "causal")
         check_bool(self.bias, "bias")
         check_choice(self.init, INITS, "init")
+        check_choice(self.qk_norm, QK_NORMS, "qk_norm")
+        check_bool(self.deepnorm, "deepnorm")
+        if self.deepnorm and self.norm_position != "post":
+            raise ValueError(f"deepnorm=True needs norm_position='post', got norm_position={self.norm_position!r}")
 
 
 PRESETS: dict[str, dict] = {
@@ -113,7 +134,15 @@ class Norm(nn.Module):
 
 class SelfAttention(nn.Module):
     """Multi-head attention in which each token sees no padding and, if ``cfg.causal``, only
-    itself and the tokens before it."""
+    itself and the tokens before it; with ``cfg.qk_norm``, queries and keys are normalized
+    per head first.
+
+    ``record_logits`` (default False): compute the attention weights explicitly instead of
+    with ``F.scaled_dot_product_attention`` (the same result up to rounding, slower), and keep
+    after each call ``logit_max``, the largest attention logit ``q . k / sqrt(head dim)`` over
+    the allowed pairs, and ``entropy``, the mean entropy of the attention weights in nats
+    (``log T`` for uniform attention over T tokens, 0 for one-hot), both as floats.
+    """
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
@@ -121,19 +150,43 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.dropout = cfg.dropout
+        if cfg.qk_norm != "none":  # only then: the default model's modules, and its parameters, stay as they were
+            head = cfg.d_model // cfg.n_head
+            self.q_norm, self.k_norm = (Norm(cfg.qk_norm, head, cfg.bias) for _ in range(2))
+        self.record_logits, self.logit_max, self.entropy = False, float("nan"), float("nan")
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = (z.view(b, t, self.n_head, d // self.n_head).transpose(1, 2) for z in self.qkv(x).split(d, dim=2))
+        if hasattr(self, "q_norm"):  # QK-norm: over each head's features, (B, heads, T, head dim)
+            q, k = self.q_norm(q, None), self.k_norm(k, None)
         allowed = None  # without padding, the causal mask alone (is_causal) or nothing
         if mask is not None:  # key padding (and causal): (B, 1, T, T), True where attention is allowed
             allowed = mask[:, None, None, :]
             if self.causal:
                 allowed = torch.ones(t, t, dtype=torch.bool, device=x.device).tril() & allowed
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=allowed, is_causal=self.causal and mask is None, dropout_p=self.dropout if self.training else 0.0
-        )
+        dropout = self.dropout if self.training else 0.0
+        if self.record_logits:
+            y = self._explicit(q, k, v, allowed, dropout)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, is_causal=self.causal and mask is None, dropout_p=dropout)
         return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+    def _explicit(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None,
+                  dropout: float) -> torch.Tensor:
+        """Attention written out, recording the largest logit and the mean entropy."""
+        t = q.shape[-2]
+        logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, heads, T, T)
+        if allowed is None:
+            allowed = torch.ones(t, t, dtype=torch.bool, device=q.device)
+            allowed = allowed.tril() if self.causal else allowed
+        logits = logits.masked_fill(~allowed, float("-inf"))
+        weights = logits.softmax(-1)
+        with torch.no_grad():
+            self.logit_max = logits.max().item()
+            entropy = torch.special.entr(weights).sum(-1)  # (B, heads, T); padded queries included
+            self.entropy = entropy.nan_to_num(0.0).mean().item()
+        return F.dropout(weights, dropout) @ v
 
 
 class Block(nn.Module):
@@ -142,6 +195,7 @@ class Block(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.pre = cfg.norm_position == "pre"
+        self.alpha = (2 * cfg.n_layer) ** 0.25 if cfg.deepnorm else 1.0  # DeepNorm's residual weight
         self.norm1, self.norm2 = Norm(cfg.norm, cfg.d_model, cfg.bias), Norm(cfg.norm, cfg.d_model, cfg.bias)
         self.attn = SelfAttention(cfg)
         self.mlp = nn.Sequential(
@@ -153,9 +207,12 @@ class Block(nn.Module):
         if self.pre:
             x = x + self.attn(self.norm1(x, mask), mask)
             x = x + self.mlp(self.norm2(x, mask))
-        else:
+        elif self.alpha == 1.0:
             x = self.norm1(x + self.attn(x, mask), mask)
             x = self.norm2(x + self.mlp(x), mask)
+        else:  # DeepNorm: the residual up-weighted by alpha before the sum is normalized
+            x = self.norm1(self.alpha * x + self.attn(x, mask), mask)
+            x = self.norm2(self.alpha * x + self.mlp(x), mask)
         return x
 
 
@@ -192,6 +249,13 @@ class TinyGPT(nn.Module):
             else:  # Xavier-uniform, query, key and value each as its own square matrix
                 for part in p.data.split(cfg.d_model) if name.endswith("qkv.weight") else (p.data,):
                     nn.init.xavier_uniform_(part)
+        if cfg.deepnorm:  # DeepNorm's beta: value, attention output and MLP weights scaled down
+            beta = (8 * cfg.n_layer) ** -0.25
+            with torch.no_grad():
+                for block in self.blocks:
+                    block.attn.qkv.weight[2 * cfg.d_model :].mul_(beta)
+                    for weight in (block.attn.proj.weight, block.mlp[0].weight, block.mlp[2].weight):
+                        weight.mul_(beta)
 
     def forward(self, idx: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         if not isinstance(idx, torch.Tensor) or idx.ndim != 2 or idx.dtype != torch.int64:
