@@ -139,13 +139,14 @@ def test_bad_input_gets_a_clear_error(call, error, match):
 @pytest.mark.parametrize(
     "code, env, expect",
     [
-        ("import triton; import lnbook.kernels as k", {}, "ok"),  # triton first: still interpreted
-        ("import lnbook.kernels as k; import triton", {}, "ok"),
+        ("import triton; import lnbook.kernels as k", {}, "RESULT ok"),  # triton first: still interpreted
+        ("import torch._dynamo; import lnbook.kernels as k", {}, "RESULT ok"),  # torch.compile's machinery imports triton
+        ("import lnbook.kernels as k; import triton", {}, "RESULT ok"),
         ("import lnbook.kernels as k", {"TRITON_INTERPRET": "0"}, "set TRITON_INTERPRET=1"),
     ],
 )
 def test_the_interpreter_is_used_whatever_the_import_order(code, env, expect):
-    script = code + "; import torch; x = torch.randn(3, 5); print('ok' if k.layer_norm(x, torch.ones(5)).shape == (3, 5) else 'bad')"
+    script = code + "; import torch; x = torch.randn(3, 5); print('RESULT', 'ok' if k.layer_norm(x, torch.ones(5)).shape == (3, 5) else 'bad')"
     environ = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"} | env
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environ, timeout=120)
     assert expect in result.stdout + result.stderr
@@ -160,13 +161,30 @@ def test_compiled_kernels_on_the_gpu_match_float64():
 
 
 def test_gpu_benchmark_script_runs_end_to_end_in_smoke_mode():
+    import csv
+
     script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "layernorm_gpu.py")
     result = subprocess.run([sys.executable, script, "--smoke"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     csv_path = result.stdout.split("wrote ")[1].split(" and ")[0]
-    lines = open(csv_path).read().splitlines()
-    assert lines[0].startswith("dtype,m,n,implementation,mode,ms,gb_per_s,copy_gb_per_s,machine,device,torch,triton,date")
-    assert len(lines) == 1 + 2 * 3 * 2  # 2 sizes x 3 implementations x 2 modes
+    header = open(csv_path).readline().strip()
+    assert header == "kind,norm,dtype,m,n,implementation,mode,ms,gb_per_s,copy_gb_per_s,machine,device,torch,triton,date"
+    rows = list(csv.DictReader(open(csv_path)))
+    try:
+        import liger_kernel  # noqa: F401
+
+        peers = {"liger"}
+    except ImportError:
+        peers = set()
+        assert "skipping Liger" in result.stderr
+    names = {kind: {r["implementation"] for r in rows if (r["kind"], r["norm"]) == kind} for kind in (("norm", "layer"), ("norm", "rms"), ("block", "layer"))}
+    assert names[("norm", "layer")] == {"naive", "F.layer_norm", "triton (lnbook)"} | peers  # torch.compile: GPU runs only
+    assert names[("norm", "rms")] == {"F.rms_norm", "triton (lnbook)"} | peers
+    assert names[("block", "layer")] == {"nn.LayerNorm", "fuse_norms (lnbook)"} | peers
+    norm_rows = [r for r in rows if r["kind"] == "norm"]
+    assert len(norm_rows) == 2 * 2 * (len(names[("norm", "layer")]) + len(names[("norm", "rms")]))  # 2 sizes x 2 modes
+    assert all(float(r["ms"]) > 0 and r["date"] and r["torch"] == torch.__version__ for r in rows)
+    assert os.path.getsize(csv_path.replace(".csv", ".png")) > 0
 
 
 @pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])

@@ -4,7 +4,10 @@
 dimension of ``x`` (any leading shape) with one Triton program per row in the forward pass,
 statistics in float32 whatever the input dtype, and a backward pass that computes dx in one
 pass over x and dy and reduces dW (and db) from per-program partial sums: no atomics, no
-locks, so the results are bitwise repeatable.
+locks, so the results are bitwise repeatable. ``add_layer_norm`` and ``add_rms_norm`` fuse a
+Pre-LN block's residual add into the norm. The kernels are ``torch.library`` custom ops, so
+``torch.compile(fullgraph=True)`` traces through them; :mod:`lnbook.kernels.compile_check`
+compiles them for T4, A100 and H100 without a GPU and reports registers, spills and occupancy.
 
 Without a CUDA GPU the kernels run through Triton's interpreter: importing this package sets
 ``TRITON_INTERPRET=1`` (unless it is already set) before any kernel is defined. Triton reads
@@ -29,7 +32,11 @@ except ImportError as error:  # pragma: no cover - only where no triton wheel ex
         "the rest of lnbook works without it"
     ) from error
 
-from .modules import FusedLayerNorm, FusedRMSNorm, fuse_norms  # noqa: E402
-from .norm import layer_norm, rms_norm  # noqa: E402  (after the interpreter switch)
+from .modules import FusedLayerNorm, FusedRMSNorm, fuse_norms, fuse_residual_adds  # noqa: E402
+from .norm import add_layer_norm, add_rms_norm, layer_norm, rms_norm  # noqa: E402  (after the interpreter switch)
+from .tiling import Plan, plan  # noqa: E402
 
-__all__ = ["FusedLayerNorm", "FusedRMSNorm", "fuse_norms", "layer_norm", "rms_norm"]
+__all__ = [
+    "FusedLayerNorm", "FusedRMSNorm", "Plan", "add_layer_norm", "add_rms_norm", "fuse_norms", "fuse_residual_adds",
+    "layer_norm", "plan", "rms_norm",
+]
