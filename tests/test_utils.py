@@ -41,7 +41,7 @@ def test_show_source_shows_a_triton_kernels_python():
     from lnbook.kernels import norm
 
     code = show_source(norm._forward).code
-    assert code.startswith("@triton.jit\ndef _forward(") and "tl.store(Rstd + row, rstd)" in code
+    assert code.startswith("@triton.jit\ndef _forward(") and "tl.store(Rstd + rows, rstd, mask=row_ok)" in code
 
 
 def test_table_is_text_for_nbval_and_markdown_for_the_book():
