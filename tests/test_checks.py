@@ -188,6 +188,14 @@ TOKENS = torch.zeros(20, dtype=torch.int64)
 GPT = dict(vocab_size=10, block_size=8, n_layer=1, n_head=2, d_model=8)
 
 
+def _agents(out: int = 2) -> models.StackedMLP:
+    """Two MLPs stacked (lnbook.rl's agents and refitted networks)."""
+    return models.StackedMLP([models.MLP(4, (4,), out), models.MLP(4, (4,), out)])
+
+
+CLASSES4 = (torch.randn(4, 4), torch.zeros(4, dtype=torch.long))
+
+
 @pytest.mark.parametrize(
     "call, error, name",
     [
@@ -243,12 +251,13 @@ GPT = dict(vocab_size=10, block_size=8, n_layer=1, n_head=2, d_model=8)
         pytest.param(lambda: graphs.random_graphs(2, 3, 10, 0, BIG), ValueError, "mean_degree", id="graphs.mean_degree"),
         pytest.param(lambda: graphs.GraphNet(BIG, 8, 1), ValueError, "in_features", id="graphs.GraphNet"),
         pytest.param(lambda: graphs.GraphNet(3, 8, 1, norm=BIG), ValueError, "norm", id="graphs.norm"),
-        pytest.param(lambda: rl.RandomWalk(gamma=BIG), ValueError, "gamma", id="rl.gamma"),
-        pytest.param(lambda: rl.RandomWalk(features=BIG_ARRAY), ValueError, "features", id="rl.features"),
-        pytest.param(lambda: rl.td_learn(nn.Linear(8, 1), chain=rl.RandomWalk(), steps=10, lr=BIG, seed=0),
-                     ValueError, "lr", id="rl.td_learn"),
-        pytest.param(lambda: rl.td_learn(nn.Linear(8, 1), chain=rl.RandomWalk(), steps=10, lr=0.1, seed=0, batch=BIG),
-                     ValueError, "batch must", id="rl.batch"),
+        pytest.param(lambda: rl.dqn(_agents(), steps=10, seeds=BIG), ValueError, "seeds", id="rl.dqn.seeds"),
+        pytest.param(lambda: rl.dqn(_agents(), steps=10, seeds=[0, 1], lr=BIG), ValueError, "lr", id="rl.dqn.lr"),
+        pytest.param(lambda: rl.shifted_targets(BIG, 2, 0.0, 0), ValueError, "n must", id="rl.shifted_targets"),
+        pytest.param(lambda: rl.refit(_agents(out=1), torch.randn(4, 4), BIG, steps=1, lr=0.1, batch_size=2, seeds=[0, 1]),
+                     ValueError, "targets", id="rl.refit"),
+        pytest.param(lambda: models.fit_stacked(_agents(), CLASSES4, CLASSES4, epochs=1, lr=BIG, batch_size=2, seeds=[0, 1]),
+                     ValueError, "lr", id="models.fit_stacked"),
         pytest.param(lambda: bench.median_times({}, warmup=BIG), ValueError, "warmup", id="bench.median_times"),
         pytest.param(lambda: bench.layernorm_traffic(4, 4, BIG), ValueError, "element_size", id="bench.traffic"),
         pytest.param(lambda: utils.seed_everything(BIG), TypeError, "seed", id="utils.seed_everything"),

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from lnbook import graphs, models, norms, reference, rnn, train, transformer
+from lnbook import models, norms, reference, rnn, train, transformer
 from lnbook.norms import AdaNorm, DetachNorm, DyT, LayerNorm, MaskedBatchNorm1d, RMSNorm, TimeStepBatchNorm
 from lnbook.reference import batchnorm_forward
 from lnbook.utils import seed_everything
@@ -552,10 +552,23 @@ def test_every_model_takes_every_norm_over_an_example():
         assert models.MLP(8, (8,), 2, norm)(torch.randn(3, 8)).shape == (3, 2)
         cell = rnn.LSTMCell(2, 8, norm)
         assert cell(torch.randn(3, 2), (torch.zeros(3, 8), torch.zeros(3, 8)))[0].shape == (3, 8)
-        assert graphs.GraphNet(2, 8, 1, norm)(*graphs.batch_graphs(graphs.random_graphs(2, 3, 5, 0).graphs)).shape == (2,)
         gpt = transformer.TinyGPT(transformer.GPTConfig(10, 8, n_layer=1, n_head=2, d_model=8, norm=norm))
         assert gpt(torch.zeros(2, 8, dtype=torch.long)).shape == (2, 8, 10)
-    assert set(norms.EXAMPLE_NORMS) == {"layer", "group4", "rms", "dyt", "detach", "adanorm"}
+    assert set(norms.EXAMPLE_NORMS) == {"layer", "layer_simple", "group4", "rms", "dyt", "detach", "adanorm"}
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_layer_simple_only_standardizes(native):
+    """Xu et al.'s LayerNorm-simple: LayerNorm's output at initialization, with no gain or bias to learn."""
+    module = norms.norm_layer("layer_simple", 6, native=native)
+    assert list(module.parameters()) == []
+    x = torch.randn(4, 6, dtype=torch.float64) * 3 + 2
+    expected = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + 1e-5)
+    torch.testing.assert_close(module.double()(x), expected)
+    with_affine = norms.norm_layer("layer", 6, native=native).double()
+    with torch.no_grad():
+        with_affine.weight.fill_(2.0)
+    assert not torch.allclose(with_affine(x), module(x))
 
 
 def test_batch_statistics_finds_batch_norms_only():

@@ -1,183 +1,117 @@
-"""lnbook.rl: the random-walk chain, its batches, and online TD learning."""
+"""lnbook.rl: DQN on CartPole with stacked agents, and the plasticity test."""
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
-from torch import nn
 
-from lnbook import models, rl, train, utils
-
-CHAIN = rl.RandomWalk()
-TINY = rl.RandomWalk(n_states=10, gamma=0.8, features=5)
+from lnbook import models, rl, utils
 
 
-def bellman_by_iteration(chain, sweeps=400):
-    """v <- r + gamma * E[v(next)], state by state, written out from the chain's description."""
-    n, v = chain.n_states, [0.0] * chain.n_states
-    reward = [(1 - chain.gamma) * (2 * s / (n - 1) - 1) for s in range(n)]
-    for _ in range(sweeps):
-        v = [reward[s] + chain.gamma * 0.5 * (v[max(s - 1, 0)] + v[min(s + 1, n - 1)]) for s in range(n)]
-    return torch.tensor(v, dtype=torch.float64)
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("chain", [CHAIN, TINY, rl.RandomWalk(n_states=2, gamma=0.0)])
-def test_true_values_solve_the_bellman_equation(chain):
-    v = chain.true_values()
-    assert v.shape == (chain.n_states,) and v.dtype == torch.float64
-    torch.testing.assert_close(v, bellman_by_iteration(chain), rtol=0, atol=1e-12)
-    assert (v.diff() > 0).all() and v.abs().max() <= 1  # rises along the chain, inside [-1, 1]
-    torch.testing.assert_close(v, -v.flip(0))  # the chain is symmetric about its middle
+def agents(norm, seeds=(0, 1), hidden=(16,)):
+    members = []
+    for seed in seeds:
+        utils.seed_everything(seed)
+        members.append(models.MLP(4, hidden, 2, norm))
+    return models.StackedMLP(members)
 
 
-def test_true_values_match_discounted_returns_of_the_walk():
-    """Monte Carlo: the discounted return from every visit of a long walk, averaged per state."""
-    chain = rl.RandomWalk(n_states=8, gamma=0.8, features=4)
-    states = chain.walk(30_000, seed=1)
-    rewards = chain.reward(states).double().tolist()
-    returns, g = [0.0] * len(rewards), 0.0
-    for t in reversed(range(len(rewards))):
-        g = rewards[t] + chain.gamma * g
-        returns[t] = g
-    keep = len(returns) - 200  # the last returns are cut short by the end of the walk (0.8**200 ~ 1e-20)
-    returns, states = torch.tensor(returns[:keep]), states[:keep]
-    estimate = torch.stack([returns[states == s].mean() for s in range(chain.n_states)])
-    assert (estimate - chain.true_values()).abs().max() < 0.02
+def test_greedy_return_is_the_length_of_a_greedy_episode():
+    """A policy that always pushes left: each agent's return is the number of steps the pole
+    stays up, which we count again by stepping gymnasium ourselves."""
+    model = agents("none")
+    with torch.no_grad():
+        model.linears[-1].b.copy_(torch.tensor([10.0, -10.0]))  # action 0 wins everywhere
+        model.linears[-1].v.zero_() if hasattr(model.linears[-1], "v") else model.linears[-1].w.zero_()
+    returns = rl.greedy_return(model, episodes=2, seed=5)
+    for s in range(2):
+        lengths = []
+        for e in range(2):
+            env = gym.make(rl.ENV)
+            env.reset(seed=5 + 1000 * e + s)
+            steps, done = 0, False
+            while not done:
+                _, _, terminated, truncated, _ = env.step(0)
+                steps, done = steps + 1, terminated or truncated
+            lengths.append(steps)
+        assert returns[s] == pytest.approx(np.mean(lengths))
+    assert returns.max() < 20  # pushing one way drops the pole fast
 
 
-def test_walk_moves_one_state_at_a_time_and_is_fixed_by_the_seed():
-    walk = CHAIN.walk(5000, seed=3)
-    assert walk.shape == (5001,) and walk.dtype == torch.int64 and int(walk[0]) == 10
-    assert int(walk.min()) == 0 and int(walk.max()) == CHAIN.n_states - 1  # it reaches both ends
-    step = walk.diff()
-    assert set(step.tolist()) <= {-1, 0, 1}
-    stays = walk[1:][step == 0]
-    assert ((stays == 0) | (stays == CHAIN.n_states - 1)).all()  # it stays put only at an end
-    assert torch.equal(walk, CHAIN.walk(5000, seed=3)) and not torch.equal(walk, CHAIN.walk(5000, seed=4))
+@pytest.mark.parametrize("norm", ["none", "layer", "batch"])
+def test_dqn_runs_every_agent_and_repeats(norm):
+    runs = []
+    for _ in range(2):
+        model = agents(norm)
+        runs.append((model, rl.dqn(model, steps=300, seeds=[0, 1], learning_starts=100, batch_size=16, target_every=50,
+                                   explore_steps=200, eval_every=300, eval_episodes=1)))
+    (m0, h0), (m1, h1) = runs
+    assert h0.episodes == h1.episodes and np.array_equal(h0.greedy, h1.greedy)
+    assert all(torch.equal(a, b) for a, b in zip(m0.state_dict().values(), m1.state_dict().values()))
+    assert len(h0.episodes) == 2 and h0.episodes[0] != h0.episodes[1]  # each agent its own environment
+    assert all(len(e) >= 5 for e in h0.episodes)  # random play drops the pole within tens of steps
+    assert sum(r for e in h0.episodes for _, r in e) <= 2 * 300  # a return is a count of steps
+    assert h0.greedy.shape == (2, 1) and h0.eval_steps == [300]
+    returns = rl.mean_return(h0, last=300)
+    assert returns.shape == (2,) and np.all(returns >= 8)
 
 
-def test_encode_and_reward():
-    x = CHAIN.encode(torch.arange(CHAIN.n_states))
-    assert x.shape == (CHAIN.n_states, CHAIN.features) and x.dtype == torch.float32
-    assert float(x.max()) == 1.0 and float(x[0, 0]) == 1.0 and float(x[-1, -1]) == 1.0  # bumps at both ends
-    dist = torch.cdist(x, x)
-    assert (dist.diagonal(1)[:-4] < dist.diagonal(5)).all()  # neighbours look more alike than states 5 apart
-    assert CHAIN.encode(torch.tensor([[1, 2]])).shape == (1, 2, CHAIN.features)
-    r = CHAIN.reward(torch.tensor([0, CHAIN.n_states - 1]))
-    torch.testing.assert_close(r, torch.tensor([-0.1, 0.1]))
+def test_dqn_learns_cartpole_better_than_chance():
+    """The update is right: 4,000 steps lift the greedy return far above random play (about 20)."""
+    model = agents("none", seeds=(0, 1, 2), hidden=(64, 64))
+    history = rl.dqn(model, steps=4000, seeds=[0, 1, 2], train_every=2, eval_every=4000, eval_episodes=2)
+    assert history.greedy[:, -1].mean() > 60
 
 
-def test_recent_batches_are_consecutive_and_replayed_ones_are_drawn_from_the_past():
-    recent = list(rl.training_batches(50, 4, "recent", seed=0))
-    assert recent[0][0] == 3 and len(recent) == 47
-    assert all(idx.tolist() == list(range(t - 3, t + 1)) for t, idx in recent)
-    replay = list(rl.training_batches(50, 4, "replay", seed=0))
-    assert [t for t, _ in replay] == [t for t, _ in recent]
-    assert all(0 <= int(idx.min()) and int(idx.max()) <= t for t, idx in replay)
-    assert len(torch.cat([idx for _, idx in replay]).unique()) > 30  # not stuck on a few transitions
-    again = list(rl.training_batches(50, 4, "replay", seed=0))
-    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(replay, again))
-    online = list(rl.training_batches(5, 1, "recent", seed=0))
-    assert [(t, idx.tolist()) for t, idx in online] == [(t, [t]) for t in range(5)]
+def test_dqn_refuses_bad_settings():
+    with pytest.raises(TypeError, match="StackedMLP"):
+        rl.dqn(models.MLP(4, (8,), 2), steps=10, seeds=[0])
+    with pytest.raises(ValueError, match="one entry per agent"):
+        rl.dqn(agents("none"), steps=10, seeds=[0])
+    with pytest.raises(ValueError, match="learning_starts"):
+        rl.dqn(agents("none"), steps=10, seeds=[0, 1], learning_starts=10, batch_size=64)
 
 
-def test_recent_batches_cover_a_small_stretch_of_the_chain():
-    recent = rl.batch_spread(CHAIN, 3000, 8, "recent", seed=0)
-    replay = rl.batch_spread(CHAIN, 3000, 8, "replay", seed=0)
-    everywhere = float(torch.arange(CHAIN.n_states).double().std(correction=0))  # 5.77 states
-    assert recent.shape == replay.shape == (2993,)
-    assert float(recent.mean()) < 1.5 and float(recent.max()) < 3  # a few neighbouring states
-    assert float(replay[1000:].mean()) > 0.6 * everywhere  # a sample of the whole chain
-    positions = CHAIN.walk(20, seed=0).double()
-    first = torch.cat([positions[:8], positions[1:9]]).std(correction=0)
-    assert float(recent[0]) == pytest.approx(float(first))  # the states [s; s'] of the first batch
+def test_shifted_targets_are_fresh_and_move_by_the_shift():
+    y = rl.shifted_targets(2000, 4, 1.5, seed=0)
+    assert y.shape == (4, 2000)
+    np.testing.assert_allclose(y.mean(1).numpy(), [0.0, 1.5, 3.0, 4.5], atol=0.1)
+    assert abs(np.corrcoef(y[0].numpy(), y[1].numpy())[0, 1]) < 0.1  # nothing to do with the last
+    assert torch.equal(y, rl.shifted_targets(2000, 4, 1.5, seed=0))
 
 
 @pytest.mark.parametrize("norm", ["none", "layer"])
-def test_td_learning_from_single_transitions_reduces_the_value_error(norm):
+def test_refit_measures_fit_dead_units_and_weights(norm):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 8, generator=g)
+    members = []
+    for seed in (0, 1):
+        utils.seed_everything(seed)
+        members.append(models.MLP(8, (32,), 1, norm))
+    model = models.StackedMLP(members)
+    targets = rl.shifted_targets(64, 3, 0.0, seed=1)
+    history = rl.refit(model, x, targets, steps=200, lr=1e-2, batch_size=16, seeds=[0, 1])
+    assert history.fit.shape == history.dead.shape == history.weight_norm.shape == (2, 3)
+    assert (history.fit < 0.8).all()  # 32 units memorize 64 values well in 200 steps
+    assert ((history.dead >= 0) & (history.dead <= 1)).all()
+    with torch.no_grad():  # the last column is the fit to the last target, measured again here
+        mse = ((model.eval()(x)[..., 0] - targets[-1]) ** 2).mean(1) / targets[-1].var(correction=0)
+    np.testing.assert_allclose(history.fit[:, -1], mse.numpy(), rtol=1e-5)
+
+
+def test_refit_counts_a_unit_dead_only_when_it_is_zero_everywhere():
     utils.seed_everything(0)
-    model = models.MLP(TINY.features, (16,), 1, norm)
-    before = rl.value_error(model, TINY)
-    history = rl.td_learn(model, chain=TINY, steps=600, lr=3e-3, seed=0, eval_every=150)
-    assert history.steps == [150, 300, 450, 600] and len(history.step_loss) == 600
-    assert history.value_error[-1] < 0.5 * before
-
-
-def test_td_learn_times_the_updates_and_not_the_evaluations(fake_clock, monkeypatch):
-    """One clock reading before and one after each update (1 s on the fake clock); the 100 s
-    that each evaluation "takes" are left out."""
-    evaluate = rl.value_error
-    monkeypatch.setattr(rl, "value_error", lambda *args: (fake_clock.advance(100.0), evaluate(*args))[1])
-    model = models.MLP(TINY.features, (16,), 1, "none")
-    history = rl.td_learn(model, chain=TINY, steps=12, lr=3e-3, seed=0, eval_every=4, batch_size=2)
-    assert history.steps == [4, 8, 12] and history.wall_time == [3.0, 7.0, 11.0]  # updates from the 2nd transition on
-
-
-def test_td_learn_is_fixed_by_the_seed():
-    runs = []
-    for seed in (0, 0, 1):
-        utils.seed_everything(0)
-        model = models.MLP(TINY.features, (16,), 1, "batch")
-        runs.append(rl.td_learn(model, chain=TINY, steps=200, lr=1e-3, seed=seed, batch_size=4, batch="replay"))
-    assert runs[0].step_loss == runs[1].step_loss and runs[0].value_error == runs[1].value_error
-    assert runs[0].step_loss != runs[2].step_loss
-    assert runs[0].steps == [100, 200] and len(runs[0].step_loss) == 197  # updates start at the 4th transition
-
-
-def test_value_error_uses_eval_mode_and_restores_the_mode():
-    utils.seed_everything(0)
-    model = models.MLP(CHAIN.features, (16,), 1, "batch")
-    x = CHAIN.encode(torch.arange(CHAIN.n_states))
+    model = models.StackedMLP([models.MLP(2, (4,), 1, "none")])
     with torch.no_grad():
-        model.eval()
-        expected = float((model(x).reshape(-1).double() - CHAIN.true_values()).pow(2).mean().sqrt())
-    model.train()
-    assert rl.value_error(model, CHAIN) == pytest.approx(expected)
-    assert model.training and int(model.net[2].num_batches_tracked) == 0  # no running statistics moved
-
-
-def test_batch_norm_cannot_learn_from_one_transition_at_a_time():
-    utils.seed_everything(0)
-    for model in (models.MLP(TINY.features, (16,), 1, "batch"),
-                  nn.Sequential(nn.Linear(TINY.features, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 1))):
-        with pytest.raises(ValueError, match="batch_size must be at least 2 for a model with BatchNorm"):
-            rl.td_learn(model, chain=TINY, steps=10, lr=1e-3, seed=0, batch_size=1)
-
-
-def test_td_learn_runs_as_a_fit_many_job():
-    jobs = []
-    for _ in range(2):
-        utils.seed_everything(0)
-        jobs.append(dict(model=models.MLP(TINY.features, (8,), 1, "layer"), chain=TINY, steps=50, lr=1e-3, seed=0))
-    model, history = train.fit_many([jobs[0] | {"fit": rl.td_learn}])[0].result()
-    assert model is jobs[0]["model"] and isinstance(history, rl.TDHistory)
-    assert history.step_loss == rl.td_learn(jobs[1].pop("model"), **jobs[1]).step_loss
-
-
-def test_bad_input():
-    model = models.MLP(TINY.features, (8,), 1, "none")
-    kwargs = dict(chain=TINY, steps=10, lr=1e-3, seed=0)
-    for bad, match in [
-        (dict(n_states=1), "n_states must be an int >= 2"),
-        (dict(n_states=2.0), "n_states must be an int >= 2"),
-        (dict(gamma=1.0), r"gamma must be a number in \[0, 1\)"),
-        (dict(gamma=True), "gamma must be a number"),
-        (dict(features=1), r"features must be an int >= 2 \(one bump"),
-    ]:
-        with pytest.raises(ValueError, match=match):
-            rl.RandomWalk(**bad)
-    with pytest.raises(TypeError, match="positions must be an int64 tensor"):
-        CHAIN.encode(torch.tensor([0.5]))
-    with pytest.raises(ValueError, match=r"positions must lie in 0 \.\. 19"):
-        CHAIN.reward(torch.tensor([20]))
-    with pytest.raises(TypeError, match="chain must be a RandomWalk"):
-        rl.td_learn(model, **kwargs | {"chain": "walk"})
-    with pytest.raises(ValueError, match="batch must be one of"):
-        rl.td_learn(model, **kwargs | {"batch": "random"})
-    with pytest.raises(ValueError, match="lr must be a positive number"):
-        rl.td_learn(model, **kwargs | {"lr": 0})
-    for name in ("steps", "batch_size", "eval_every"):
-        with pytest.raises(ValueError, match=f"{name} must be a positive int"):
-            rl.td_learn(model, **kwargs | {name: 0})
-    with pytest.raises(ValueError, match="steps must be at least batch_size = 8"):
-        rl.td_learn(model, **kwargs | {"steps": 7, "batch_size": 8})
-    with pytest.raises(ValueError, match=r"model must map \(B, 5\) states to \(B, 1\) values, got \(2, 3\)"):
-        rl.td_learn(models.MLP(TINY.features, (8,), 3), **kwargs)
+        model.linears[0].w.zero_()
+        model.linears[0].b.copy_(torch.tensor([[[-1.0, -1.0, 1.0, 1.0]]]))  # two units off for every input
+    history = rl.refit(model, torch.randn(10, 2), torch.randn(1, 10), steps=1, lr=1e-9, batch_size=2, seeds=[0])
+    assert history.dead[0, 0] == pytest.approx(0.5)

@@ -1,89 +1,73 @@
-"""Graphs of varying size: a synthetic regression task, padded batches and a message-passing
-network in plain torch (dense adjacency, no graph library), with the norm as a setting.
+"""Graphs of different sizes as PyTorch Geometric data, and a message-passing network whose norm
+is one of PyG's (chapter 09).
 
-A batch of graphs is ``(adj (B, N, N), x (B, N, F), mask (B, N))``, zero-padded to the
-largest graph of the batch; ``mask`` is True on real nodes and padded nodes have no edges.
+A batch of graphs is PyG's :class:`~torch_geometric.data.Batch`: the nodes of all its graphs
+stacked into one ``x (N, F)``, the edges of all of them in ``edge_index (2, E)``, and
+``batch (N,)``, the graph each node belongs to. Nothing is padded; message passing is sparse.
+The norms, named by what one mean and variance are taken over (:data:`NORMS`):
+
+- ``"none"``;
+- ``"batch"``: PyG's ``BatchNorm``, each feature over every node of every graph in the batch,
+  so large graphs weigh most and a graph's output depends on its batch-mates in training;
+- ``"layer_node"``: PyG's ``LayerNorm(mode="node")``, each node over its own features (the
+  book's LayerNorm);
+- ``"layer_graph"``: PyG's ``LayerNorm(mode="graph")``, each graph over all its nodes and
+  features together;
+- ``"graph"``: PyG's ``GraphNorm`` (Cai et al., 2021), each feature over the nodes of its own
+  graph, after subtracting a learned share ``alpha`` of that graph's mean.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
-
-from ._checks import check_float_tensor, check_positive_int, describe
-from .data import pad_batch
-from .norms import EXAMPLE_NORMS, apply_norm, check_norm, norm_layer
+from ._checks import check_choice, check_positive_int, describe
 from .train import evaluating, optimizer_step, prepare
 
-NORMS = ("none", "batch", *EXAMPLE_NORMS)
+if TYPE_CHECKING:
+    from torch_geometric.data import Batch, Data
 
+# PyG is imported where it is used: importing it takes seconds, and `import lnbook` should not.
 
-@dataclass(frozen=True)
-class Graph:
-    """One graph: ``adj (n, n)``, a symmetric 0/1 float32 adjacency without self loops, and
-    node features ``x (n, F)``."""
-
-    adj: torch.Tensor
-    x: torch.Tensor
-
-    @property
-    def n_nodes(self) -> int:
-        return len(self.x)
-
-
-@dataclass(frozen=True)
-class GraphSet:
-    """Graphs and one float32 target per graph: ``y (len(graphs),)``."""
-
-    graphs: tuple[Graph, ...]
-    y: torch.Tensor
-
-    def __len__(self) -> int:
-        return len(self.graphs)
-
-    @property
-    def sizes(self) -> torch.Tensor:
-        """Nodes per graph, ``(len(graphs),)`` int64."""
-        return torch.tensor([g.n_nodes for g in self.graphs], dtype=torch.int64)
-
-
-def node_features(adj: torch.Tensor) -> torch.Tensor:
-    """The input features of each node, ``(n, 2)``: a constant 1 and the node's degree."""
-    return torch.stack([torch.ones(len(adj)), adj.sum(1)], dim=1)
+NORMS = ("none", "batch", "layer_node", "layer_graph", "graph")
 
 
 def on_triangle(adj: torch.Tensor) -> torch.Tensor:
-    """``(n,)`` bool: whether each node lies on a triangle (two of its neighbours are adjacent)."""
+    """``(n,)`` bool: whether each node of the dense 0/1 adjacency ``adj (n, n)`` lies on a
+    triangle (two of its neighbours are adjacent)."""
     return ((adj @ adj) * adj).sum(1) > 0
 
 
 def random_graphs(
     n_graphs: int, min_nodes: int, max_nodes: int, seed: int, mean_degree: tuple[float, float] = (1.0, 6.0)
-) -> GraphSet:
-    """Random geometric graphs whose target is the fraction of nodes that lie on a triangle.
+) -> list[Data]:
+    """Random geometric graphs whose target ``y`` (shape ``(1,)``) is the fraction of nodes that
+    lie on a triangle, as PyG ``Data``.
 
     Each graph draws its size ``n`` uniformly from ``min_nodes..max_nodes`` and a mean degree
     ``d`` uniformly from ``mean_degree``, places ``n`` points uniformly in the unit square and
     joins two points closer than ``r``, with ``pi r^2 (n - 1) = d`` (nodes near the border
-    have fewer neighbours, so the realized mean degree is a little below ``d``). Node
-    features are :func:`node_features`; the target ``y`` is the fraction of nodes on a
-    triangle (:func:`on_triangle`), in [0, 1]. The same arguments give the same graphs.
+    have fewer neighbours, so the realized mean degree is a little below ``d``). ``x (n, 2)``
+    holds a constant 1 and the node's degree; ``edge_index (2, E)`` lists each undirected edge
+    both ways; ``triangle (n,)`` says which nodes lie on a triangle. The same arguments give
+    the same graphs.
 
     Why this task: the target depends on how the edges are wired, not on the graph's size,
-    and it spreads widely because ``d`` varies (few nodes on a triangle at ``d = 1``, almost
-    all at ``d = 6``). In a geometric graph triangles are local: up to border effects, the
-    same rule links degrees to triangles in a graph of 10 nodes and of 200, so a model can
-    be tested on sizes it never saw. (In Erdős–Rényi graphs of a fixed mean degree,
-    triangles vanish as ``1/n``, so any triangle count would be a disguised graph size.) A
-    mean-aggregation network sees degrees, not triangles, so it learns the strong link
-    between the two; the rest of the target's spread is beyond it.
+    and it spreads widely because ``d`` varies. In a geometric graph triangles are local, so
+    the same rule links degrees to triangles in a graph of 10 nodes and of 200, and a model
+    can be tested on sizes it never saw. A mean-aggregation network sees degrees, not
+    triangles, so it learns the strong link between the two.
     """
+    from torch_geometric.data import Data
+
     check_positive_int(n_graphs, "n_graphs")
     if not (isinstance(min_nodes, int) and isinstance(max_nodes, int) and 3 <= min_nodes <= max_nodes):
         raise ValueError(f"need integers 3 <= min_nodes <= max_nodes, got {describe(min_nodes)}, {describe(max_nodes)}")
@@ -95,108 +79,88 @@ def random_graphs(
     ):
         raise ValueError(f"mean_degree must be a range (lo, hi) of numbers with 0 < lo <= hi, got {describe(mean_degree)}")
     rng = np.random.default_rng(seed)
-    graphs, y = [], []
+    graphs = []
     for _ in range(n_graphs):
         n = int(rng.integers(min_nodes, max_nodes + 1))
         radius = math.sqrt(rng.uniform(*mean_degree) / (math.pi * (n - 1)))
         points = rng.random((n, 2))
         close = ((points[:, None] - points[None]) ** 2).sum(-1) < radius**2
         adj = torch.from_numpy(close & ~np.eye(n, dtype=bool)).float()
-        graphs.append(Graph(adj, node_features(adj)))
-        y.append(on_triangle(adj).float().mean())
-    return GraphSet(tuple(graphs), torch.stack(y))
+        triangle = on_triangle(adj)
+        x = torch.stack([torch.ones(n), adj.sum(1)], dim=1)
+        graphs.append(Data(x=x, edge_index=adj.nonzero().T.contiguous(), y=triangle.float().mean().reshape(1),
+                           triangle=triangle))
+    return graphs
 
 
-def batch_graphs(graphs: Sequence[Graph]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Zero-pad graphs to the largest: ``adj (B, N, N)``, ``x (B, N, F)``, ``mask (B, N)``
-    (True on real nodes). Padded nodes have no edges and zero features."""
-    if len(graphs) == 0 or not all(isinstance(g, Graph) for g in graphs):
-        raise TypeError("graphs must be a non-empty sequence of Graph")
-    x, lengths, mask = pad_batch([g.x for g in graphs])
-    adj = x.new_zeros(len(graphs), x.shape[1], x.shape[1])
-    for i, (g, n) in enumerate(zip(graphs, lengths.tolist())):
-        if g.adj.shape != (n, n):
-            raise ValueError(f"graphs[{i}].adj must have shape ({n}, {n}) to match its x, got {tuple(g.adj.shape)}")
-        adj[i, :n, :n] = g.adj
-    return adj, x, mask
+def sizes(graphs: Sequence[Data]) -> torch.Tensor:
+    """Nodes per graph, ``(len(graphs),)`` int64."""
+    return torch.tensor([g.num_nodes for g in graphs], dtype=torch.int64)
 
 
-def graph_mean(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``h (B, N, F)`` over each graph's real nodes (``mask (B, N)``): ``(B, F)``."""
-    real = mask.unsqueeze(-1)
-    return torch.where(real, h, 0.0).sum(1) / real.sum(1)
+def targets(graphs: Sequence[Data]) -> torch.Tensor:
+    """The graphs' targets, ``(len(graphs),)``."""
+    return torch.cat([g.y for g in graphs])
 
 
-class GraphLayer(nn.Module):
-    """One round of message passing: ``h + relu(norm(W_self h + W_nbr mean_nbr(h)))``.
+def make_norm(kind: str, size: int) -> nn.Module:
+    """PyG's module for the norm ``kind`` of :data:`NORMS` over ``size`` features."""
+    from torch_geometric.nn import BatchNorm, GraphNorm, LayerNorm
 
-    ``mean_nbr(h)`` averages each node's neighbours (``walk = adj / degree``, zero for a node
-    without neighbours). ``norm``: ``"none"``, ``"layer"`` (LayerNorm over each node's
-    features, or another norm over one example's features) or ``"batch"`` (BatchNorm over
-    every real node of every graph in the batch). The norm gets the mask if it takes one.
-    Shapes: ``h (B, N, H)``, ``walk (B, N, N)``, ``mask (B, N)`` -> ``(B, N, H)``.
-    """
+    check_choice(kind, NORMS, "norm")
+    check_positive_int(size, "size")
+    return {
+        "none": lambda: nn.Identity(),
+        "batch": lambda: BatchNorm(size),
+        "layer_node": lambda: LayerNorm(size, mode="node"),
+        "layer_graph": lambda: LayerNorm(size, mode="graph"),
+        "graph": lambda: GraphNorm(size),
+    }[kind]()
 
-    def __init__(self, hidden: int, norm: str) -> None:
-        super().__init__()
-        check_positive_int(hidden, "hidden")
-        norm = check_norm(norm, NORMS)
-        self.self_weight = nn.Linear(hidden, hidden)
-        self.neighbour_weight = nn.Linear(hidden, hidden, bias=False)
-        self.norm = norm_layer(norm, hidden)
 
-    def forward(self, h: torch.Tensor, walk: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        a = self.self_weight(h) + self.neighbour_weight(walk @ h)
-        return h + torch.relu(apply_norm(self.norm, a, mask))
+def apply_norm(norm: nn.Module, h: torch.Tensor, batch: torch.Tensor, num_graphs: int) -> torch.Tensor:
+    """``norm(h)``, handing the per-graph norms (LayerNorm, GraphNorm) the graph of each node."""
+    from torch_geometric.nn import GraphNorm, LayerNorm
+
+    if isinstance(norm, (LayerNorm, GraphNorm)):
+        return norm(h, batch, num_graphs)
+    return norm(h)
 
 
 class GraphNet(nn.Module):
     """A message-passing regressor: one number per graph.
 
-    ``Linear(in_features, hidden) -> GraphLayer * layers -> mean over the graph's real nodes
-    -> Linear(hidden, 1)``. Input a padded batch ``adj (B, N, N)``, ``x (B, N, in_features)``,
-    ``mask (B, N)`` (:func:`batch_graphs`); output ``(B,)``. Padded nodes, whatever their
-    features, change no real node's result; only ``"batch"`` in training mode makes a
-    graph's output depend on the other graphs of its batch.
+    ``Linear(in_features, hidden)``, then ``layers`` rounds of ``h + relu(norm(SAGEConv(h)))``
+    (PyG's ``SAGEConv`` with mean aggregation: ``W_1 h_i + W_2 mean_{j in N(i)} h_j``, sparse),
+    then the mean over each graph's nodes and ``Linear(hidden, 1)``. Call it on a PyG
+    ``Batch``; output ``(num_graphs,)``. Only ``"batch"`` in training mode makes a graph's
+    output depend on the other graphs of its batch.
     """
 
     NORMS = NORMS
 
     def __init__(self, in_features: int, hidden: int, layers: int, norm: str = "none") -> None:
+        from torch_geometric.nn import SAGEConv
+
         super().__init__()
         for value, name in ((in_features, "in_features"), (hidden, "hidden"), (layers, "layers")):
             check_positive_int(value, name)
-        self.norm = check_norm(norm, NORMS)
-        self.in_features = in_features
+        self.norm = check_choice(norm, NORMS, "norm")
         self.embed = nn.Linear(in_features, hidden)
-        self.layers = nn.ModuleList(GraphLayer(hidden, norm) for _ in range(layers))
+        self.convs = nn.ModuleList(SAGEConv(hidden, hidden, aggr="mean") for _ in range(layers))
+        self.norms = nn.ModuleList(make_norm(norm, hidden) for _ in range(layers))
         self.readout = nn.Linear(hidden, 1)
 
-    def forward(self, adj: torch.Tensor, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        self._check_batch(adj, x, mask)
-        walk = adj / adj.sum(-1, keepdim=True).clamp_min(1)
-        h = self.embed(torch.where(mask.unsqueeze(-1), x, 0.0))
-        for layer in self.layers:
-            h = layer(h, walk, mask)
-        return self.readout(graph_mean(h, mask)).squeeze(-1)
+    def forward(self, data: Batch) -> torch.Tensor:
+        from torch_geometric.data import Batch
+        from torch_geometric.nn import global_mean_pool
 
-    def _check_batch(self, adj: torch.Tensor, x: torch.Tensor, mask: torch.Tensor) -> None:
-        check_float_tensor(x, "x")
-        check_float_tensor(adj, "adj")
-        if x.ndim != 3 or x.shape[-1] != self.in_features:
-            raise ValueError(f"x must have shape (B, N, {self.in_features}), got {tuple(x.shape)}")
-        b, n, _ = x.shape
-        if adj.shape != (b, n, n) or adj.dtype != x.dtype:
-            got = f"{tuple(adj.shape)} of {adj.dtype}"
-            raise ValueError(f"adj must be ({b}, {n}, {n}) of x's dtype {x.dtype}, got {got}")
-        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != (b, n):
-            got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, torch.Tensor) else type(mask).__name__
-            raise TypeError(f"mask must be a ({b}, {n}) bool tensor, True on real nodes, got {got}")
-        if not mask.any(1).all():
-            raise ValueError("mask must leave every graph at least one real node")
-        pad = ~mask
-        if (adj.transpose(1, 2)[pad] != 0).any() or (adj[pad] != 0).any():
-            raise ValueError("adj must have no edges at padded nodes (where mask is False)")
+        if not isinstance(data, Batch):
+            raise TypeError(f"data must be a torch_geometric Batch (Batch.from_data_list), got {type(data).__name__}")
+        h = self.embed(data.x)
+        for conv, norm in zip(self.convs, self.norms):
+            h = h + torch.relu(apply_norm(norm, conv(h, data.edge_index), data.batch, data.num_graphs))
+        return self.readout(global_mean_pool(h, data.batch, data.num_graphs)).squeeze(-1)
 
 
 @dataclass
@@ -212,49 +176,125 @@ class RegressionHistory:
     steps_per_epoch: int = 0
 
 
-def _check_graph_set(data: object, name: str) -> GraphSet:
-    if not isinstance(data, GraphSet):
-        raise TypeError(f"{name} must be a GraphSet (see random_graphs), got {type(data).__name__}")
-    return data
+def _check_graphs(data: object, name: str) -> list[Data]:
+    from torch_geometric.data import Data
+
+    if not isinstance(data, (list, tuple)) or not data or not all(isinstance(g, Data) for g in data):
+        raise TypeError(f"{name} must be a non-empty list of torch_geometric Data (see random_graphs), got {describe(data)}")
+    return list(data)
 
 
-def mse(model: nn.Module, data: GraphSet, batch_size: int = 64) -> float:
-    """Mean squared error of ``model`` (in eval mode) on ``data``, in batches of ``batch_size`` graphs."""
-    _check_graph_set(data, "data")
-    check_positive_int(batch_size, "batch_size")
-    total = 0.0
+def predict(model: nn.Module, graphs: Sequence[Data], batch_size: int = 64) -> torch.Tensor:
+    """The model's predictions in eval mode, ``(len(graphs),)``, in batches of ``batch_size`` graphs."""
+    from torch_geometric.data import Batch
+
+    graphs = _check_graphs(graphs, "graphs")
     with evaluating(model) as device:
-        for i in range(0, len(data), batch_size):
-            inputs = (t.to(device) for t in batch_graphs(data.graphs[i : i + batch_size]))
-            total += float(((model(*inputs) - data.y[i : i + batch_size].to(device)) ** 2).sum())
-    return total / len(data)
+        return torch.cat([model(Batch.from_data_list(graphs[i : i + batch_size]).to(device)).cpu()
+                          for i in range(0, len(graphs), batch_size)])
+
+
+def mse(model: nn.Module, graphs: Sequence[Data], batch_size: int = 64) -> float:
+    """Mean squared error of ``model`` (in eval mode) on ``graphs``."""
+    return float(((predict(model, graphs, batch_size) - targets(graphs)) ** 2).mean())
 
 
 def fit_graphs(
-    model: nn.Module, train: GraphSet, test: GraphSet, *, epochs: int, lr: float, batch_size: int, seed: int
+    model: nn.Module, train: Sequence[Data], test: Sequence[Data], *, epochs: int, lr: float, batch_size: int, seed: int
 ) -> RegressionHistory:
-    """Train a graph regressor (``model(adj, x, mask) -> (B,)``) with MSE and Adam.
+    """Train a graph regressor (``model(Batch) -> (num_graphs,)``) with MSE and Adam.
 
-    Each epoch shuffles ``train`` (by ``seed``) into batches of ``batch_size`` graphs, each
-    padded to its largest graph (:func:`batch_graphs`), then measures :func:`mse` on
-    ``test``. Seed the model's initialization for a repeatable run; on a CPU with a fixed
-    thread count, the same seed gives the same history. For :func:`lnbook.train.fit_many`,
-    put ``"fit": fit_graphs`` in the job.
+    Each epoch shuffles ``train`` (by ``seed``) into batches of ``batch_size`` graphs, then
+    measures :func:`mse` on ``test``. Seed the model's initialization for a repeatable run;
+    on a CPU with a fixed thread count, the same seed gives the same history. For
+    :func:`lnbook.train.fit_many`, put ``"fit": fit_graphs`` in the job.
     """
-    train, test = _check_graph_set(train, "train"), _check_graph_set(test, "test")
+    from torch_geometric.data import Batch
+
+    train, test = _check_graphs(train, "train"), _check_graphs(test, "test")
     check_positive_int(epochs, "epochs")
     check_positive_int(batch_size, "batch_size")
     run = prepare(model, lr, seed)
     history = RegressionHistory(steps_per_epoch=-(-len(train) // batch_size))
+    y = targets(train)
     elapsed = 0.0
     for _ in range(epochs):
         start = time.perf_counter()
         for idx in torch.randperm(len(train), generator=run.generator).split(batch_size):
-            inputs = (t.to(run.device) for t in batch_graphs([train.graphs[i] for i in idx]))
-            loss = nn.functional.mse_loss(model(*inputs), train.y[idx].to(run.device))
+            batch = Batch.from_data_list([train[i] for i in idx]).to(run.device)
+            loss = nn.functional.mse_loss(model(batch), y[idx].to(run.device))
             history.step_loss.append(optimizer_step(run.optimizer, loss))
         elapsed += time.perf_counter() - start
         history.wall_time.append(elapsed)
         history.train_loss.append(sum(history.step_loss[-history.steps_per_epoch :]) / history.steps_per_epoch)
         history.test_loss.append(mse(model, test))
     return history
+
+
+def batch_noise(model: nn.Module, graphs: Sequence[Data], pool: Sequence[Data], mates: int, draws: int,
+                seed: int = 0) -> torch.Tensor:
+    """Each graph's prediction in TRAINING mode (the norms use the statistics of the batch at
+    hand, as in training) inside ``draws`` batches, each with ``mates`` other graphs drawn at
+    random from ``pool``: ``(len(graphs), draws)``. Run on a copy, so the model's running
+    statistics do not move. With fixed weights, the spread of a row is pure batch noise:
+    what the batch-mates alone do to a graph's output."""
+    from torch_geometric.data import Batch
+
+    graphs, pool = _check_graphs(graphs, "graphs"), _check_graphs(pool, "pool")
+    check_positive_int(mates, "mates")
+    check_positive_int(draws, "draws")
+    probe = copy.deepcopy(model).train()
+    device = next(probe.parameters()).device
+    g = torch.Generator().manual_seed(seed)
+    out = torch.empty(len(graphs), draws)
+    with torch.no_grad():
+        for k in range(draws):
+            for i, graph in enumerate(graphs):
+                others = [pool[j] for j in torch.randint(len(pool), (mates,), generator=g).tolist()]
+                out[i, k] = probe(Batch.from_data_list([graph, *others]).to(device))[0].cpu()
+    return out
+
+
+def norm_sets_figure(sizes: Sequence[int] = (2, 4, 3), features: int = 6):
+    """The book's axes figure for a batch of graphs: rows are the nodes of the batch (graphs of
+    ``sizes`` nodes, stacked as PyG stacks them), columns the features; for each norm, the
+    cells that share one mean and variance (for node 0, feature 1 and graph 0) are shaded."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    from .plotting import HIGHLIGHT, PLAIN
+
+    if not sizes or any(not isinstance(s, int) or s < 1 for s in sizes):
+        raise ValueError(f"sizes must be positive ints, one per graph, got {describe(sizes)}")
+    check_positive_int(features, "features")
+    n = sum(sizes)
+    first = np.zeros(n, dtype=bool)
+    first[: sizes[0]] = True
+    node0 = np.arange(n) == 0
+    every, feat1, one_feat = np.ones(n, dtype=bool), np.arange(features) == 1, np.ones(features, dtype=bool)
+    sets = {  # (nodes, features) that one mean and variance cover
+        "BatchNorm": (every, feat1),
+        "LayerNorm, node mode": (node0, one_feat),
+        "LayerNorm, graph mode": (first, one_feat),
+        "GraphNorm": (first, feat1),
+    }
+    fig, axes = plt.subplots(1, len(sets), figsize=(2.3 * len(sets), 3.0))
+    bounds = np.cumsum([0, *sizes])
+    for ax, (name, (rows, cols)) in zip(axes, sets.items()):
+        for i in range(n):
+            for j in range(features):
+                ax.add_patch(Rectangle((j, n - 1 - i), 1, 1, facecolor=HIGHLIGHT if rows[i] and cols[j] else PLAIN,
+                                       edgecolor="0.35", lw=0.7))
+        for b in bounds[1:-1]:
+            ax.plot([-0.2, features + 0.2], [n - b, n - b], color="k", lw=2)
+        for k, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+            ax.text(-0.3, n - (lo + hi) / 2, f"graph {k}", ha="right", va="center", fontsize=8)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlim(-2.4, features + 0.2)
+        ax.set_ylim(-0.8, n + 0.2)
+        ax.text(features / 2, -0.4, "features", ha="center", va="top", fontsize=8)
+        ax.set_aspect("equal")
+        ax.axis("off")
+    fig.suptitle("A batch of graphs, nodes stacked: blue cells share one mean and variance", y=0.98)
+    fig.tight_layout()
+    return fig

@@ -421,6 +421,7 @@ class NormKind:
 NORMS: dict[str, NormKind] = {
     "none": NormKind(lambda size: nn.Identity(), "nothing"),
     "layer": NormKind(LayerNorm, "example"),
+    "layer_simple": NormKind(lambda size: LayerNorm(size, elementwise_affine=False), "example"),
     "group4": NormKind(lambda size: GroupNorm(4, size), "example"),
     "rms": NormKind(RMSNorm, "example"),
     "dyt": NormKind(DyT, "example"),
@@ -461,12 +462,14 @@ def norm_layer(kind: str, size: int, *, max_steps: int | None = None, native: bo
     """The module that :data:`NORMS` names ``kind`` (or an alias), over ``size`` features.
 
     ``max_steps``: the longest training sequence, which a norm over ``"step"`` needs (and the
-    other norms ignore). ``native``: for ``"layer"``, torch's ``nn.LayerNorm`` (one fused
-    kernel) instead of :class:`LayerNorm` (the book's hand-written backward).
+    other norms ignore). ``native``: for ``"layer"`` and ``"layer_simple"``, torch's
+    ``nn.LayerNorm`` (one fused kernel) instead of :class:`LayerNorm` (the book's hand-written
+    backward). ``"layer_simple"`` is LayerNorm without gain and bias (Xu et al.'s
+    "LayerNorm-simple"): it only standardizes.
     """
     name = check_norm(kind, tuple(NORMS))
-    if name == "layer" and native:
-        return nn.LayerNorm(size)
+    if name in ("layer", "layer_simple") and native:
+        return nn.LayerNorm(size, elementwise_affine=name == "layer")
     if NORMS[name].over != "step":
         return NORMS[name].build(size)
     if max_steps is None:

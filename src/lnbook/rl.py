@@ -1,199 +1,250 @@
-"""Online value prediction on a random-walk chain: semi-gradient TD(0), one update per transition.
+"""Reinforcement learning for chapter 09: DQN on gymnasium's CartPole, many seeds at once, and a
+plasticity test (a network refitted to target after target).
 
-An agent walks a chain, one state left or right at random, and a value network learns from
-the transitions as they arrive. Consecutive transitions lie next to each other on the chain,
-so a batch of the most recent ones covers a small stretch of it: the data BatchNorm's batch
-statistics then see are not a sample of the states, while per-example LayerNorm needs none.
+:func:`dqn` trains ``S`` agents side by side, one per seed: each has its own CartPole
+environment, replay buffer, Q-network and target network (the members of a
+:class:`lnbook.models.StackedMLP`), so ten seeds cost little more than one. The norm is the
+Q-network's (``"none"``, ``"layer"`` or ``"batch"``). :func:`refit` measures plasticity in the
+sense of Lyle et al. (2024): one network trained on a sequence of regression targets, each
+replacing the last, and how well it still fits the latest.
 """
 
 from __future__ import annotations
 
+import copy
 import time
-from collections.abc import Iterator
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import nn
 
-from ._checks import check_int, check_number, check_positive_int, describe
-from .norms import batch_statistics
-from .train import evaluating, optimizer_step, prepare
+from ._checks import check_number, check_positive_int, describe
+from .models import StackedMLP
 
-BATCHES = ("recent", "replay")
-
-
-@dataclass(frozen=True)
-class RandomWalk:
-    """A random walk on a chain of ``n_states`` states, with discount ``gamma``.
-
-    Each step moves one state left or right with probability 1/2; a step off either end
-    stays put. Leaving state ``s`` pays ``(1 - gamma) * x(s)``, where ``x(s)`` in [-1, 1] is
-    the position of ``s`` along the chain, so the value of ``s`` is the discounted average of
-    the positions the walk will visit, in [-1, 1]: it rises along the chain and flattens
-    near the ends. The network sees a state as ``features`` Gaussian bumps spaced evenly along
-    the chain (coarse coding, :meth:`encode`): neighbouring states look alike, and the
-    network has to generalize from the states it visits to the others.
-    """
-
-    n_states: int = 20
-    gamma: float = 0.9
-    features: int = 8
-
-    def __post_init__(self) -> None:
-        check_int(self.n_states, "n_states", 2)
-        check_number(self.gamma, "gamma", "a number in [0, 1)", lambda v: 0 <= v < 1)
-        check_int(self.features, "features", 2, "an int >= 2 (one bump cannot tell states apart)")
-
-    def _along(self, positions: torch.Tensor) -> torch.Tensor:
-        """How far along the chain each state lies, from 0 to 1, float64."""
-        if not isinstance(positions, torch.Tensor) or positions.dtype != torch.int64:
-            raise TypeError("positions must be an int64 tensor of states")
-        if positions.numel() and not (0 <= int(positions.min()) and int(positions.max()) < self.n_states):
-            raise ValueError(f"positions must lie in 0 .. {self.n_states - 1}, got {int(positions.min())} .. {int(positions.max())}")
-        return positions.double() / (self.n_states - 1)
-
-    def _reward64(self, positions: torch.Tensor) -> torch.Tensor:
-        return (1 - self.gamma) * (2 * self._along(positions) - 1)
-
-    def reward(self, positions: torch.Tensor) -> torch.Tensor:
-        """The reward for leaving each state: ``positions (*)`` int64 -> ``(*)`` float32."""
-        return self._reward64(positions).float()
-
-    def encode(self, positions: torch.Tensor) -> torch.Tensor:
-        """Network input: ``positions (*)`` int64 -> ``(*, features)`` float32, Gaussian bumps of
-        width one bump spacing, each 1 at its centre."""
-        centres = torch.linspace(0, 1, self.features, dtype=torch.float64)
-        return torch.exp(-0.5 * ((self._along(positions).unsqueeze(-1) - centres) * (self.features - 1)) ** 2).float()
-
-    def true_values(self) -> torch.Tensor:
-        """``v (n_states,)`` float64, the exact solution of ``v = r + gamma * P v``."""
-        n = self.n_states
-        step = torch.zeros(n, n, dtype=torch.float64)  # P, the transition matrix
-        i = torch.arange(n - 1)
-        step[i, i + 1] = step[i + 1, i] = 0.5
-        step[0, 0] = step[-1, -1] = 0.5
-        return torch.linalg.solve(torch.eye(n, dtype=torch.float64) - self.gamma * step, self._reward64(torch.arange(n)))
-
-    def walk(self, steps: int, seed: int) -> torch.Tensor:
-        """The states of ``steps`` transitions, ``(steps + 1,)`` int64, from the middle of the
-        chain: transition ``t`` goes from state ``t`` to state ``t + 1``."""
-        check_positive_int(steps, "steps")
-        moves = torch.randint(0, 2, (steps,), generator=torch.Generator().manual_seed(seed)) * 2 - 1
-        positions = [self.n_states // 2]
-        for move in moves.tolist():
-            positions.append(min(max(positions[-1] + move, 0), self.n_states - 1))
-        return torch.tensor(positions)
-
-
-def training_batches(steps: int, batch_size: int, batch: str, seed: int) -> Iterator[tuple[int, torch.Tensor]]:
-    """For each arriving transition ``t`` from the ``batch_size``-th on: ``(t, indices of its batch)``.
-
-    ``"recent"``: the ``batch_size`` latest transitions ``t - batch_size + 1 .. t`` (with 1, the
-    new transition alone: purely online learning). ``"replay"``: ``batch_size`` transitions
-    drawn uniformly, with replacement, from all those seen so far, ``0 .. t`` (a replay buffer).
-    The draws come from NumPy's generator seeded with ``seed``: a stream apart from the walk's,
-    which torch's generator draws with the same seed.
-    """
-    check_positive_int(steps, "steps")
-    check_positive_int(batch_size, "batch_size")
-    if batch not in BATCHES:
-        raise ValueError(f"batch must be one of {BATCHES}, got {describe(batch)}")
-    rng = np.random.default_rng(seed)
-    for t in range(batch_size - 1, steps):
-        if batch == "recent":
-            yield t, torch.arange(t - batch_size + 1, t + 1)
-        else:
-            yield t, torch.from_numpy(rng.integers(0, t + 1, batch_size))
-
-
-def batch_spread(chain: RandomWalk, steps: int, batch_size: int, batch: str, seed: int) -> torch.Tensor:
-    """How much of the chain each batch of :func:`td_learn` (same arguments) covers: for every
-    update, the standard deviation (biased, as BatchNorm's) of the positions of the
-    ``2 * batch_size`` states ``[s; s']`` it normalizes over, in states; shape ``(updates,)``."""
-    positions = chain.walk(steps, seed).double()
-    return torch.stack([torch.cat([positions[idx], positions[idx + 1]]).std(correction=0)
-                        for _, idx in training_batches(steps, batch_size, batch, seed)])
+ENV = "CartPole-v1"  # 500 steps at most; reward 1 per step the pole stays up
 
 
 @dataclass
-class TDHistory:
-    """What :func:`td_learn` measured: the mean squared TD error of every update's batch
-    (``step_loss``, training mode); the RMS error of the values over all states, in eval mode,
-    ``value_error[i]``, after ``steps[i]`` transitions; and the seconds of learning so far,
-    ``wall_time[i]`` (evaluation excluded)."""
+class DQNHistory:
+    """What :func:`dqn` measured for ``S`` agents: ``episodes[s]``, the ``(steps so far, return)``
+    of each training episode agent ``s`` finished; ``greedy (S, len(eval_steps))``, the mean
+    return of greedy evaluation episodes after the steps in ``eval_steps``; ``wall_time`` in
+    seconds for the whole stack."""
 
-    step_loss: list[float] = field(default_factory=list)
-    steps: list[int] = field(default_factory=list)
-    value_error: list[float] = field(default_factory=list)
-    wall_time: list[float] = field(default_factory=list)
-
-
-def value_error(model: nn.Module, chain: RandomWalk) -> float:
-    """RMS difference between ``model``'s values, in eval mode (a BatchNorm uses its running
-    statistics), and the true values, over all ``n_states`` states."""
-    with evaluating(model) as device:
-        values = model(chain.encode(torch.arange(chain.n_states)).to(device)).reshape(-1).double().cpu()
-    return float((values - chain.true_values()).pow(2).mean().sqrt())
+    episodes: list[list[tuple[int, float]]] = field(default_factory=list)
+    eval_steps: list[int] = field(default_factory=list)
+    greedy: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    wall_time: float = 0.0
 
 
-def td_learn(
-    model: nn.Module,
+def _q_values(model: StackedMLP, states: torch.Tensor) -> torch.Tensor:
+    """Q-values ``(S, B, actions)`` of each agent's ``states (S, B, 4)``, in eval mode (a batch
+    norm uses its running statistics), without autograd."""
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        q = model(states.to(next(model.parameters()).device)).cpu()
+    model.train(was_training)
+    return q
+
+
+def greedy_return(model: StackedMLP, episodes: int, seed: int) -> np.ndarray:
+    """Each agent's mean return over ``episodes`` CartPole episodes acting greedily (no
+    exploration, eval mode), ``(S,)``; agent ``s``'s episode ``e`` starts from
+    ``reset(seed=seed + 1000 * e + s)``."""
+    import gymnasium as gym  # here, not at the top: `import lnbook` stays fast
+
+    check_positive_int(episodes, "episodes")
+    members = model.members
+    envs = [gym.make(ENV) for _ in range(members)]
+    totals = np.zeros(members)
+    for e in range(episodes):
+        states = np.stack([env.reset(seed=seed + 1000 * e + s)[0] for s, env in enumerate(envs)])
+        running = np.ones(members, dtype=bool)
+        while running.any():
+            actions = _q_values(model, torch.as_tensor(states)[:, None]).argmax(-1)[:, 0].numpy()
+            for s, env in enumerate(envs):
+                if running[s]:
+                    states[s], reward, terminated, truncated, _ = env.step(int(actions[s]))
+                    totals[s] += reward
+                    running[s] = not (terminated or truncated)
+    for env in envs:
+        env.close()
+    return totals / episodes
+
+
+def dqn(
+    model: StackedMLP,
     *,
-    chain: RandomWalk,
     steps: int,
-    lr: float,
-    seed: int,
-    batch_size: int = 1,
-    batch: str = "recent",
-    eval_every: int = 100,
-) -> TDHistory:
-    """Learn the chain's values online with semi-gradient TD(0) and Adam: one update per transition.
+    seeds: Sequence[int],
+    lr: float = 1e-3,
+    batch_size: int = 64,
+    gamma: float = 0.99,
+    buffer: int = 10_000,
+    learning_starts: int = 500,
+    target_every: int = 250,
+    explore_steps: int = 3000,
+    final_epsilon: float = 0.05,
+    train_every: int = 1,
+    eval_every: int | None = None,
+    eval_episodes: int = 3,
+) -> DQNHistory:
+    """Train ``model.members`` DQN agents (Mnih et al., 2015) on CartPole for ``steps``
+    environment steps each; returns their :class:`DQNHistory`.
 
-    When transition ``t`` of the walk arrives, the network takes one Adam step on the batch
-    :func:`training_batches` gives for it, on the mean of ``(V(s) - r - gamma * V(s'))^2`` with
-    the target held fixed. ``V(s)`` and ``V(s')`` come from one forward pass in training mode
-    over the ``2 * batch_size`` states ``[s; s']``, so a BatchNorm normalizes both with the
-    same batch statistics (as CrossQ does). A job for :func:`lnbook.train.fit_many` with
-    ``"fit": td_learn``.
-
-    Args:
-        model: maps encoded states ``(B, chain.features)`` to values ``(B, 1)``, e.g.
-            ``lnbook.models.MLP(chain.features, (32, 32), 1, norm)``.
-        chain: the :class:`RandomWalk`; ``steps`` transitions of it are learned from.
-        lr: Adam's learning rate.
-        seed: seeds the walk and the replay draws (the initialization is the caller's: seed
-            before building the model).
-        batch_size, batch: see :func:`training_batches`. BatchNorm needs ``batch_size >= 2``.
-        eval_every: measure :func:`value_error` every this many transitions, and after the last.
+    Agent ``s`` acts epsilon-greedily (epsilon falls linearly from 1 to ``final_epsilon`` over
+    ``explore_steps``) in its own environment, first reset with ``seeds[s]``, stores every
+    transition in its own replay buffer of the latest ``buffer``, and from ``learning_starts``
+    on takes one Adam step every ``train_every`` environment steps on ``batch_size`` transitions drawn from its
+    buffer: the squared error of ``Q(s, a)`` against ``r + gamma * max_a' Q_target(s', a')``
+    (0 after the pole falls; a time-out is not a fall). The target network is a copy of the
+    Q-network, refreshed every ``target_every`` steps. Acting and the greedy evaluations run
+    in eval mode; the update in training mode, and the target network's forward pass on the
+    replayed ``s'`` in training mode too, so that a batch norm normalizes ``s'`` with the
+    statistics of its own replayed batch, as it does ``s``. ``seeds`` also seed the draws.
     """
-    if not isinstance(chain, RandomWalk):
-        raise TypeError(f"chain must be a RandomWalk, got {type(chain).__name__}")
+    if not isinstance(model, StackedMLP):
+        raise TypeError(f"model must be an lnbook.models.StackedMLP, got {type(model).__name__}")
+    for name, value in (("steps", steps), ("batch_size", batch_size), ("buffer", buffer),
+                        ("target_every", target_every), ("explore_steps", explore_steps),
+                        ("train_every", train_every)):
+        check_positive_int(value, name)
+    check_number(lr, "lr", "a positive number", lambda v: v > 0)
+    check_number(gamma, "gamma", "a number in [0, 1]", lambda v: 0 <= v <= 1)
+    check_number(final_epsilon, "final_epsilon", "a number in [0, 1]", lambda v: 0 <= v <= 1)
+    members = model.members
+    if len(seeds) != members:
+        raise ValueError(f"seeds must have one entry per agent ({members}), got {describe(seeds)}")
+    if learning_starts < batch_size:
+        raise ValueError(f"learning_starts must be at least batch_size ({batch_size}), got {describe(learning_starts)}")
+    import gymnasium as gym
+
+    torch.manual_seed(int(seeds[0]))
+    rngs = [np.random.default_rng(int(s)) for s in seeds]
+    draws = np.random.default_rng(int(seeds[0]))
+    envs = [gym.make(ENV) for _ in range(members)]
+    states = np.stack([env.reset(seed=int(s))[0] for s, env in zip(seeds, envs)])
+    memory = {"s": np.zeros((members, buffer, 4), np.float32), "a": np.zeros((members, buffer), np.int64),
+              "r": np.zeros((members, buffer), np.float32), "s2": np.zeros((members, buffer, 4), np.float32),
+              "done": np.zeros((members, buffer), np.float32)}
+    target = copy.deepcopy(model)
+    device = next(model.parameters()).device
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    history = DQNHistory(episodes=[[] for _ in range(members)])
+    returns, rows, greedy = np.zeros(members), np.arange(members)[:, None], []
+    start = time.perf_counter()
+    model.train()
+    for t in range(steps):
+        epsilon = max(final_epsilon, 1 - (1 - final_epsilon) * t / explore_steps)
+        actions = _q_values(model, torch.from_numpy(states)[:, None]).argmax(-1)[:, 0].numpy()
+        slot = t % buffer
+        memory["s"][:, slot] = states
+        for s, env in enumerate(envs):
+            action = int(rngs[s].integers(2)) if rngs[s].random() < epsilon else int(actions[s])
+            after, reward, terminated, truncated, _ = env.step(action)
+            memory["a"][s, slot], memory["r"][s, slot], memory["done"][s, slot] = action, reward, terminated
+            memory["s2"][s, slot] = after
+            returns[s] += reward
+            if terminated or truncated:
+                history.episodes[s].append((t + 1, returns[s]))
+                returns[s] = 0.0
+                after, _ = env.reset()
+            states[s] = after
+        if t + 1 >= learning_starts and (t + 1) % train_every == 0:
+            idx = draws.integers(min(t + 1, buffer), size=(members, batch_size))
+            batch = {k: torch.from_numpy(v[rows, idx]).to(device) for k, v in memory.items()}
+            with torch.no_grad():
+                target.train()
+                best = target(batch["s2"]).max(-1).values
+            wanted = batch["r"] + gamma * (1 - batch["done"]) * best
+            chosen = model(batch["s"]).gather(-1, batch["a"][..., None])[..., 0]
+            loss = ((chosen - wanted) ** 2).mean(1).sum()  # each agent's own mean, summed
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        if (t + 1) % target_every == 0:
+            target.load_state_dict(model.state_dict())
+        if eval_every is not None and (t + 1) % eval_every == 0:
+            history.eval_steps.append(t + 1)
+            greedy.append(greedy_return(model, eval_episodes, seed=10_000 * (t + 1)))
+    for env in envs:
+        env.close()
+    history.wall_time = time.perf_counter() - start
+    history.greedy = np.stack(greedy, 1) if greedy else np.zeros((members, 0))
+    return history
+
+
+def mean_return(history: DQNHistory, last: int) -> np.ndarray:
+    """Each agent's mean return over the training episodes that ended in its ``last`` steps
+    (NaN for an agent that finished none), ``(S,)``."""
+    end = max((t for episodes in history.episodes for t, _ in episodes), default=0)
+    return np.array([np.mean([r for t, r in episodes if t > end - last]) if any(t > end - last for t, _ in episodes)
+                     else np.nan for episodes in history.episodes])
+
+
+@dataclass
+class RefitHistory:
+    """What :func:`refit` measured, ``(S, tasks)`` each: ``fit``, the mean squared error on the
+    current targets at the end of each task, divided by their variance (0: a perfect fit, 1: no
+    better than their mean); ``dead``, the fraction of hidden ReLU units that output 0 on every
+    input at the end of each task; ``weight_norm``, the norm of all the weights."""
+
+    fit: np.ndarray
+    dead: np.ndarray
+    weight_norm: np.ndarray
+
+
+def shifted_targets(n: int, tasks: int, shift: float, seed: int) -> torch.Tensor:
+    """``tasks`` regression targets for ``n`` inputs, ``(tasks, n)``: task ``k`` draws fresh
+    standard normal values and adds ``k * shift``, so each task's target has nothing to do with
+    the last and its mean moves on."""
+    check_positive_int(n, "n")
+    check_positive_int(tasks, "tasks")
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(tasks, n, generator=g) + shift * torch.arange(tasks)[:, None]
+
+
+def refit(model: StackedMLP, x: torch.Tensor, targets: torch.Tensor, *, steps: int, lr: float,
+          batch_size: int, seeds: Sequence[int]) -> RefitHistory:
+    """Train every member of ``model`` (one output) on ``targets[0]``, then ``targets[1]`` and on,
+    ``steps`` Adam steps of mean squared error each, on mini-batches of ``batch_size`` of the
+    inputs ``x (n, ...)`` (member ``s``'s drawn by a generator seeded with ``seeds[s]``),
+    without resetting the network or the optimizer between tasks: Lyle et al.'s test of
+    plasticity. Returns a :class:`RefitHistory`."""
+    if not isinstance(model, StackedMLP):
+        raise TypeError(f"model must be an lnbook.models.StackedMLP, got {type(model).__name__}")
     check_positive_int(steps, "steps")
     check_positive_int(batch_size, "batch_size")
-    check_positive_int(eval_every, "eval_every")
-    if steps < batch_size:
-        raise ValueError(f"steps must be at least batch_size = {batch_size} (the first batch), got {steps}")
-    if batch_size < 2 and batch_statistics(model):
-        raise ValueError(
-            "batch_size must be at least 2 for a model with BatchNorm: in training it normalizes each feature "
-            "with the mean and variance of the batch, and one transition (s and s') is no sample of the states"
-        )
-    run = prepare(model, lr, seed)
-    positions = chain.walk(steps, seed)
-    x, r = chain.encode(positions).to(run.device), chain.reward(positions).to(run.device)
-    history, elapsed = TDHistory(), 0.0
-    for t, idx in training_batches(steps, batch_size, batch, seed):
-        start = time.perf_counter()
-        out = model(torch.cat([x[idx], x[idx + 1]]))
-        if out.shape != (2 * len(idx), 1):
-            raise ValueError(f"model must map (B, {chain.features}) states to (B, 1) values, got {tuple(out.shape)}")
-        v, v_next = out.reshape(2, -1)
-        loss = (v - r[idx] - chain.gamma * v_next.detach()).pow(2).mean()
-        history.step_loss.append(optimizer_step(run.optimizer, loss))
-        elapsed += time.perf_counter() - start
-        if (t + 1) % eval_every == 0 or t + 1 == steps:
-            history.steps.append(t + 1)
-            history.value_error.append(value_error(model, chain))
-            history.wall_time.append(elapsed)
-    return history
+    check_number(lr, "lr", "a positive number", lambda v: v > 0)
+    if targets.ndim != 2 or targets.shape[1] != len(x):
+        raise ValueError(f"targets must be (tasks, {len(x)}), got {describe(targets)}")
+    members = model.members
+    if len(seeds) != members:
+        raise ValueError(f"seeds must have one entry per member ({members}), got {describe(seeds)}")
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    device = next(model.parameters()).device
+    x, targets = x.to(device), targets.to(device)
+    generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
+    fit, dead, norms = [], [], []
+    model.train()
+    for y in targets:
+        for _ in range(steps):
+            idx = torch.stack([torch.randint(len(x), (batch_size,), generator=g) for g in generators]).to(device)
+            loss = ((model(x[idx])[..., 0] - y[idx]) ** 2).mean(1).sum()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            fit.append((((model(x)[..., 0] - y) ** 2).mean(1) / y.var(correction=0)).cpu().numpy())
+            h, silent = x.flatten(1).expand(members, -1, -1), []
+            for linear, norm in zip(model.linears, model.norms):
+                h = torch.relu(norm(linear(h)))
+                silent.append((h == 0).all(1))  # (S, units)
+            dead.append(torch.cat(silent, 1).float().mean(1).cpu().numpy())
+            norms.append(torch.stack([lin.weight().flatten(1).pow(2).sum(1) for lin in model.linears]).sum(0).sqrt().cpu().numpy())
+        model.train()
+    return RefitHistory(np.stack(fit, 1), np.stack(dead, 1), np.stack(norms, 1))
