@@ -27,7 +27,7 @@ from torch import nn
 from ._checks import check_bool, check_choice, check_int, check_number, check_positive_int, describe
 from .data import Dataset
 from .models import MLP, mlp_layers
-from .train import History, evaluating
+from .train import History, clip_member_grads, evaluating
 
 NORMS = ("none", "layer", "batch", "batch_unmasked", "batch_per_step")  # EnsembleRNN's
 MLP_NORMS = ("none", "batch", "layer")  # EnsembleMLP's
@@ -336,14 +336,6 @@ def _batch(model: EnsembleRNN, x: torch.Tensor, lengths: torch.Tensor, idx: torc
     return model(x[idx, : int(lengths[idx].max())].to(device), lengths[idx].to(device))
 
 
-def _clip(params: list[torch.Tensor], max_norm: float) -> None:
-    """Scale each member's gradients so that its global norm is at most max_norm."""
-    sq = sum(p.grad.pow(2).flatten(1).sum(1) for p in params)
-    scale = (max_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0)
-    for p in params:
-        p.grad.mul_(scale.view(-1, *[1] * (p.ndim - 1)))
-
-
 def fit(
     model: EnsembleRNN,
     train: Dataset,
@@ -402,7 +394,7 @@ def fit(
             opt.zero_grad(set_to_none=True)
             loss.sum().backward()
             if grad_clip is not None:
-                _clip(params, grad_clip)
+                clip_member_grads(params, grad_clip)
             opt.step()
             losses.append(loss.detach().cpu())
             if eval_every is not None and len(losses) % eval_every == 0:

@@ -30,7 +30,7 @@ from torch.nn.utils import parametrize
 from ._checks import check_choice, check_number, check_positive_int, describe
 from .norms import EXAMPLE_NORMS, DetachNorm, GroupNorm, PicklesWithParametrizations, RMSNorm, check_norm, norm_layer
 from .rnn import LSTMCell
-from .train import OPTIMIZERS, History
+from .train import OPTIMIZERS, History, clip_member_grads
 
 
 class MLP(PicklesWithParametrizations, nn.Module):
@@ -338,11 +338,8 @@ def fit_stacked(
             losses = nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none").mean(1)
             opt.zero_grad(set_to_none=True)
             losses.sum().backward()
-            if grad_clip is not None:  # each member's global gradient norm, as clip_grad_norm_ on its own
-                norm = sum(p.grad.pow(2).flatten(1).sum(1) for p in params).sqrt()
-                scale = (grad_clip / (norm + 1e-6)).clamp(max=1.0)
-                for p in params:
-                    p.grad.mul_(scale.view(-1, *[1] * (p.ndim - 1)))
+            if grad_clip is not None:
+                clip_member_grads(params, grad_clip)
             opt.step()
             for h, loss in zip(histories, losses.tolist()):
                 h.step_loss.append(loss)

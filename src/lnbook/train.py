@@ -1,7 +1,8 @@
 """Small, deterministic training loops, their pieces, and many runs side by side.
 
 The pieces every loop of the package shares: :func:`prepare` (optimizer, device and seeded
-generator), :func:`optimizer_step` and :func:`evaluating` (eval mode, no autograd, the model's
+generator), :func:`optimizer_step` (and :func:`clip_member_grads` for stacked members) and
+:func:`evaluating` (eval mode, no autograd, the model's
 device). :func:`start_runs` and :func:`finish_runs` queue one run per seed and collect them;
 :func:`smoothed` and :func:`updates_to` read a history's per-step losses.
 """
@@ -93,6 +94,16 @@ def optimizer_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, grad_cl
         nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], grad_clip)
     optimizer.step()
     return loss.item()
+
+
+def clip_member_grads(params: Sequence[torch.Tensor], max_norm: float) -> None:
+    """Gradient clipping for many models stacked as one: ``params`` each have a leading member
+    axis ``(S, ...)``, and each member's gradients are scaled so that their global norm is at
+    most ``max_norm``, as ``clip_grad_norm_`` would on that member alone."""
+    norm = sum(p.grad.pow(2).flatten(1).sum(1) for p in params).sqrt()  # (S,)
+    scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    for p in params:
+        p.grad.mul_(scale.view(-1, *[1] * (p.ndim - 1)))
 
 
 @contextmanager
