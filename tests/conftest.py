@@ -16,6 +16,16 @@ def _seeded():
     np.random.seed(0)
 
 
+@pytest.fixture
+def one_thread():
+    """Small matrices: one thread is several times faster beside another test process
+    (``pytestmark = pytest.mark.usefixtures("one_thread")``)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 class FakeClock:
     """Stands in for ``time.perf_counter``: each reading moves it on by ``tick`` seconds, and
     ``advance(s)`` by ``s`` more, so that code under test measures exact times, whatever the

@@ -11,13 +11,7 @@ from lnbook import graphs, train, utils
 from lnbook.graphs import GraphNet, fit_graphs, random_graphs
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small matrices: one thread is several times faster beside another test process."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def brute_force_on_triangle(n: int, edges: set[tuple[int, int]]) -> list[bool]:

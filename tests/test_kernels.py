@@ -197,6 +197,12 @@ def test_fused_norms_in_tinygpt_give_the_same_loss_and_gradients(norm):
     fused = TinyGPT(model.cfg).to(DEVICE)
     fused.load_state_dict(model.state_dict())
     assert fuse_norms(fused) == 2 * 2 + 1 and fuse_norms(fused) == 0  # two per block and the final one; once
+    assert_same_loss_and_gradients(model, fused)
+
+
+def assert_same_loss_and_gradients(model, fused):
+    """A TinyGPT (vocabulary 11, windows of 16) and its copy with fused norms give the same
+    loss and parameter gradients on one random batch."""
     idx = torch.randint(11, (3, 16), device=DEVICE)
     losses = [m.loss(idx[:, :-1], idx[:, 1:]) for m in (model, fused)]
     for loss in losses:

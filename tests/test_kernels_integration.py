@@ -6,8 +6,7 @@ import torch
 
 from lnbook.kernels import FusedLayerNorm, FusedRMSNorm, fuse_norms, layer_norm, rms_norm
 from lnbook.kernels.norm import output_dtype
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from test_kernels import DEVICE, assert_same_loss_and_gradients
 
 
 def _leaves(*tensors):
@@ -160,13 +159,7 @@ def test_fuse_norms_fuses_the_residual_add_of_pre_ln_blocks_only(position):
     blocks = [isinstance(b, _fused_add_block_class()) for b in fused.blocks]
     assert blocks == [position == "pre"] * 2
     assert fused.state_dict().keys() == model.state_dict().keys()
-    idx = torch.randint(11, (3, 16), device=DEVICE)
-    losses = [m.loss(idx[:, :-1], idx[:, 1:]) for m in (model, fused)]
-    for loss in losses:
-        loss.backward()
-    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-5)
-    for (name, p), q in zip(model.named_parameters(), fused.parameters()):
-        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
+    assert_same_loss_and_gradients(model, fused)
 
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (make gpu-check)")

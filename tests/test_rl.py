@@ -8,12 +8,7 @@ import torch
 from lnbook import models, rl, utils
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def agents(norm, seeds=(0, 1), hidden=(16,)):
