@@ -37,6 +37,27 @@ def _split(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.sort(train), np.sort(test)
 
 
+def validation_split(train: Dataset, fraction: float = 0.2, seed: int = SPLIT_SEED) -> tuple[Dataset, Dataset]:
+    """Split a training set ``(inputs..., y)`` into ``(fit, validation)``, stratified by the
+    integer targets ``y``: ``fraction`` of the examples (at least one per class) become the
+    validation part, on which settings are chosen. It is drawn from the training set only; the
+    test set is never an argument, so a choice made on validation cannot have seen it.
+    """
+    from sklearn.model_selection import train_test_split
+
+    if not isinstance(train, tuple) or len(train) < 2 or not all(isinstance(t, torch.Tensor) for t in train):
+        raise TypeError(f"train must be a dataset tuple of tensors (inputs..., y), got {describe(train)}")
+    n, y = len(train[-1]), train[-1]
+    if any(len(t) != n for t in train):
+        raise ValueError(f"train's tensors must have one row per example, got lengths {[len(t) for t in train]}")
+    check_number(fraction, "fraction", "a number in (0, 1)", lambda f: 0 < f < 1)
+    if y.dtype.is_floating_point:
+        raise ValueError(f"train's last tensor must hold integer class targets to stratify by, got dtype {y.dtype}")
+    fit, val = train_test_split(np.arange(n), test_size=fraction, stratify=y.numpy(), random_state=seed)
+    fit, val = torch.from_numpy(np.sort(fit)), torch.from_numpy(np.sort(val))
+    return tuple(t[fit] for t in train), tuple(t[val] for t in train)
+
+
 def digits_sequences(order: str = "pixel", permute: bool = False, seed: int = 0) -> tuple[Dataset, Dataset]:
     """The 1,797 digits as sequences: ``(train, test)``, each ``(x, y)``.
 
