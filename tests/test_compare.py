@@ -207,3 +207,24 @@ def test_validation_split_comes_from_training_only_and_is_stratified():
 
 def torch_equal(a, b):
     return bool((a == b).all())
+
+
+def test_no_better_side_says_which_is_larger():
+    result = compare({"with": [1.0, 1.1, 1.2], "without": [3.0, 3.3, 3.1]}, higher=None)
+    assert result[0].winner == "without" and result[0].short == "without > with"
+    assert result[0].sentence == "without is larger than with by 2.033 [1.654, 2.413]"
+    with pytest.raises(ValueError, match="diverged='worst' needs a better side"):
+        compare({"a": [1.0, np.nan], "b": [2.0, 3.0]}, higher=None, diverged="worst")
+
+
+def test_by_measure_stacks_families_without_mixing_their_adjustments():
+    from lnbook.compare import by_measure
+
+    loss = compare({"LN": [2.0, 2.1, 2.2, 2.0], "BN": [2.5, 2.4, 2.6, 2.5], "none": [2.6, 2.8, 2.7, 2.9]}, higher=False)
+    rms = compare({"LN": [1.0, 1.1, 0.9, 1.0], "BN": [1.0, 1.2, 1.0, 0.9]}, higher=None)
+    table = by_measure({"loss": loss, "RMS": rms})
+    assert table.header[:2] == ["measure", "comparison"] and len(table.rows) == 4
+    assert [r[0] for r in table.rows] == ["loss", "loss", "loss", "RMS"]
+    assert table.rows[3][5] == rms[0].short and rms[0].family == 1 and loss[0].family == 3
+    with pytest.raises(TypeError, match="families must map measure names to compare"):
+        by_measure({"loss": [1, 2]})

@@ -80,8 +80,8 @@ class Comparison:
     """One comparison of arm ``a`` against arm ``b``: ``diff`` is mean(a) - mean(b) (over the
     per-seed differences when ``paired``), ``[low, high]`` its 95% interval, ``p`` the two-sided
     test's p-value and ``p_holm`` the same after Holm's adjustment over the ``family`` of
-    comparisons made in one call. ``winner`` names the better arm when the adjusted test rejects,
-    and is None otherwise."""
+    comparisons made in one call. ``winner`` names the better arm when the adjusted test rejects
+    (the larger one when ``higher`` is None: no side is better), and is None otherwise."""
 
     a: str
     b: str
@@ -92,7 +92,7 @@ class Comparison:
     p: float
     p_holm: float
     family: int
-    higher: bool
+    higher: bool | None
     paired: bool
     digits: int
     winner: str | None = None
@@ -108,23 +108,32 @@ class Comparison:
         return f"{self._num(self.diff)} [{self._num(self.low)}, {self._num(self.high)}]"
 
     @property
+    def loser(self) -> str | None:
+        """The other arm than the winner (None when there is no winner)."""
+        return None if self.winner is None else self.b if self.winner == self.a else self.a
+
+    @property
     def short(self) -> str:
-        """The verdict alone: ``"X beats Y"`` or ``"no difference measured"``."""
+        """The verdict alone: ``"X beats Y"`` (``"X > Y"`` when no side is better) or
+        ``"no difference measured"``."""
         if self.winner is None:
             return "no difference measured"
-        return f"{self.winner} beats {self.b if self.winner == self.a else self.a}"
+        return f"{self.winner} > {self.loser}" if self.higher is None else f"{self.winner} beats {self.loser}"
 
     @property
     def sentence(self) -> str:
         """The verdict with its numbers. ``"X beats Y by d [lo, hi]"`` (d in the direction that
-        is better); otherwise ``"no difference measured: a − b = d [lo, hi]"`` and the largest
-        effect the interval still allows."""
+        is better; ``"X is larger than Y by ..."`` when no side is better); otherwise
+        ``"no difference measured: a − b = d [lo, hi]"`` and the largest effect the interval
+        still allows."""
         tag = "" if self.paired else " (unpaired)"
         if self.winner is not None:
-            s = 1.0 if (self.winner == self.a) == self.higher else -1.0
+            s = 1.0 if self.winner == self.a else -1.0  # the winner's side of a − b: +1 for a
+            if self.higher is False:
+                s = -s
             lo, hi = sorted((s * self.low, s * self.high))
-            loser = self.b if self.winner == self.a else self.a
-            return (f"{self.winner} beats {loser} by {self._num(s * self.diff, False)} "
+            verb = "is larger than" if self.higher is None else "beats"
+            return (f"{self.winner} {verb} {self.loser} by {self._num(s * self.diff, False)} "
                     f"[{self._num(lo, False)}, {self._num(hi, False)}]{tag}")
         allowed = max(abs(self.low), abs(self.high))
         text = (f"no difference measured: {self.a} − {self.b} = {self.interval}{tag}, "
@@ -178,7 +187,18 @@ class Comparisons(Sequence[Comparison]):
         return self.table()._repr_markdown_()
 
 
-def _as_results(results: Mapping[str, Sequence[float]], diverged: str | float | None, higher: bool,
+def by_measure(families: Mapping[str, Comparisons]) -> Table:
+    """Several families (one ``compare`` call each, Holm within each) shown as one table, with a
+    first column naming the measure each family compares."""
+    if not isinstance(families, Mapping) or not families or not all(isinstance(f, Comparisons) for f in families.values()):
+        raise TypeError(f"families must map measure names to compare() results, got {describe(families)}")
+    tables = [f.table() for f in families.values()]
+    header = max((t.header for t in tables), key=len)
+    rows = [[measure, *row, *[""] * (len(header) - len(row))] for measure, t in zip(families, tables) for row in t.rows]
+    return Table(["measure", *header], rows)
+
+
+def _as_results(results: Mapping[str, Sequence[float]], diverged: str | float | None, higher: bool | None,
                 paired: bool, least: int = 2, what: str = "results") -> tuple[dict[str, np.ndarray], dict[str, int]]:
     """Check ``least`` or more arms of per-seed results, and replace diverged (non-finite) runs
     as ``diverged`` says. Returns the arms as arrays and how many runs of each diverged."""
@@ -204,6 +224,8 @@ def _as_results(results: Mapping[str, Sequence[float]], diverged: str | float | 
                 f"diverged='worst' (the worst finite result of the call) or diverged=<a value>"
             )
         if diverged == "worst":
+            if higher is None:
+                raise ValueError("diverged='worst' needs a better side (higher=True or False); give a value instead")
             finite = np.concatenate([v[np.isfinite(v)] for v in arms.values()])
             if len(finite) == 0:
                 raise ValueError("every run diverged: there is no finite result to count them as")
@@ -218,7 +240,7 @@ def compare(
     results: Mapping[str, Sequence[float]],
     baseline: str | None = None,
     pairs: Sequence[tuple[str, str]] | None = None,
-    higher: bool = True,
+    higher: bool | None = True,
     paired: bool = True,
     method: str = "t",
     diverged: str | float | None = None,
@@ -232,7 +254,8 @@ def compare(
         results: arm name -> per-seed results ``(n_seeds,)``, aligned by seed across arms.
         baseline: compare every other arm against this one (``arm − baseline``); or
         pairs: the ``(a, b)`` pairs to compare (``a − b``); neither: every pair, in order.
-        higher: a larger result is better (accuracy); False when smaller is (loss, steps).
+        higher: a larger result is better (accuracy); False when smaller is (loss, steps);
+            None when neither side is better (a norm, a ratio): the verdict says which is larger.
         paired: the arms share seeds (the default). False for arms whose runs cannot share
             seeds: Welch's unpaired interval, labelled "unpaired".
         method: ``"t"``, Student t over the paired differences; ``"bootstrap"``, a percentile
@@ -244,7 +267,8 @@ def compare(
 
     Returns the comparisons, their p-values Holm-adjusted over the call.
     """
-    check_bool(higher, "higher")
+    if higher is not None:
+        check_bool(higher, "higher")
     check_bool(paired, "paired")
     check_choice(method, ("t", "bootstrap"), "method")
     check_int(digits, "digits")
@@ -282,7 +306,7 @@ def compare(
         diff = float(arms[a].mean() - arms[b].mean())
         winner = None
         if p_holm < ALPHA and diff != 0:
-            winner = a if (diff > 0) == higher else b
+            winner = a if (diff > 0) == (higher is not False) else b
         rows.append(Comparison(a, b, len(arms[a]) if paired else min(len(arms[a]), len(arms[b])), diff, low, high,
                                p, float(p_holm), len(pairs), higher, paired, digits, winner,
                                {a: lost[a], b: lost[b]}))
