@@ -187,15 +187,15 @@ class Comparisons(Sequence[Comparison]):
         return self.table()._repr_markdown_()
 
 
-def by_measure(families: Mapping[str, Comparisons]) -> Table:
+def by_measure(families: Mapping[str, Comparisons], label: str = "measure") -> Table:
     """Several families (one ``compare`` call each, Holm within each) shown as one table, with a
-    first column naming the measure each family compares."""
+    first column, headed ``label``, naming the measure (or setting) each family compares."""
     if not isinstance(families, Mapping) or not families or not all(isinstance(f, Comparisons) for f in families.values()):
         raise TypeError(f"families must map measure names to compare() results, got {describe(families)}")
     tables = [f.table() for f in families.values()]
     header = max((t.header for t in tables), key=len)
     rows = [[measure, *row, *[""] * (len(header) - len(row))] for measure, t in zip(families, tables) for row in t.rows]
-    return Table(["measure", *header], rows)
+    return Table([label, *header], rows)
 
 
 def _as_results(results: Mapping[str, Sequence[float]], diverged: str | float | None, higher: bool | None,
