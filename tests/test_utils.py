@@ -66,15 +66,11 @@ def test_spread_formats_mean_min_max():
         utils.spread([])
 
 
-def test_interval_ci_and_verdict():
+def test_interval_and_ci():
     mean, low, high = utils.interval([1.0, 2.0, 3.0])  # t(0.975, 2) = 4.302653, s / sqrt(3) = 1 / sqrt(3)
     assert mean == 2.0
     np.testing.assert_allclose([low, high], [2.0 - 4.302653 / 3**0.5, 2.0 + 4.302653 / 3**0.5], rtol=1e-6)
     assert utils.ci([0.5, 0.5, 0.5]) == "0.500 [0.500, 0.500]"
-    assert utils.verdict([0.9, 0.91, 0.92], [0.5, 0.52, 0.51], "LN", "BN") == "LN beats BN"
-    assert utils.verdict([0.5, 0.52, 0.51], [0.9, 0.91, 0.92], "LN", "BN") == "BN beats LN"
-    assert utils.verdict([0.5, 0.7, 0.9], [0.6, 0.7, 0.8], "LN", "BN") == "no difference measured"
-    assert utils.verdict([1, 2, 1], [9, 8, 9], "LN", "BN", higher=False) == "LN beats BN"  # fewer is better
     with pytest.raises(ValueError, match="at least 2"):
         utils.interval([1.0])
     with pytest.raises(ValueError, match="level must be"):

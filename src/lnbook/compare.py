@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ._checks import check_bool, check_choice, check_int, check_number, check_positive_int, describe
-from .utils import Table
+from .utils import Table, ci, interval
 
 ALPHA = 0.05  # every verdict of the book: 95% intervals, tests at the 5% level
 
@@ -43,12 +43,11 @@ def _t_test(d: np.ndarray, level: float) -> tuple[float, float, float]:
     p-value of mean 0. Zero spread gives a zero-width interval, and p = 1 only when all are 0."""
     from scipy.stats import t as student_t
 
-    n, mean = len(d), float(d.mean())
-    se = float(d.std(ddof=1)) / math.sqrt(n)
-    half = float(student_t.ppf((1 + level) / 2, n - 1)) * se
+    mean, low, high = interval(d, level)
+    se = float(d.std(ddof=1)) / math.sqrt(len(d))
     if se == 0:
-        return mean - half, mean + half, 1.0 if mean == 0 else 0.0
-    return mean - half, mean + half, float(2 * student_t.sf(abs(mean) / se, n - 1))
+        return low, high, 1.0 if mean == 0 else 0.0
+    return low, high, float(2 * student_t.sf(abs(mean) / se, len(d) - 1))
 
 
 def _welch(a: np.ndarray, b: np.ndarray, level: float) -> tuple[float, float, float]:
@@ -324,8 +323,6 @@ class Selection:
 
     def table(self, digits: int = 3) -> Table:
         """Arm, chosen setting, mean validation result there, test result there (mean [95% CI])."""
-        from .utils import ci
-
         return Table(["arm", "setting chosen on validation", "validation (mean)", "test at that setting [95% CI]"],
                      [[a, self.setting[a], f"{self.validation[a]:.{digits}f}", ci(self.test[a], digits)]
                       for a in self.setting])

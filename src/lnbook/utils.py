@@ -55,18 +55,6 @@ def ci(values: Sequence[float], digits: int = 3) -> str:
     return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
-def verdict(a: Sequence[float], b: Sequence[float], name_a: str, name_b: str, higher: bool = True) -> str:
-    """``"<a> beats <b>"`` when the 95% intervals of the two means separate (``higher``: the
-    larger mean is better; else the smaller), ``"no difference measured"`` when they overlap."""
-    sign = 1.0 if higher else -1.0
-    (ma, la, ha), (mb, lb, hb) = interval(sign * np.asarray(a, dtype=float)), interval(sign * np.asarray(b, dtype=float))
-    if la > hb:
-        return f"{name_a} beats {name_b}"
-    if lb > ha:
-        return f"{name_b} beats {name_a}"
-    return "no difference measured"
-
-
 class Table:
     """Rows of results that a notebook renders as a Markdown table and a terminal (or nbval,
     which compares text) sees as aligned plain text."""
