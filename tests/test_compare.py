@@ -217,14 +217,29 @@ def test_no_better_side_says_which_is_larger():
         compare({"a": [1.0, np.nan], "b": [2.0, 3.0]}, higher=None, diverged="worst")
 
 
-def test_by_measure_stacks_families_without_mixing_their_adjustments():
+def test_by_measure_is_one_table_and_one_family():
     from lnbook.compare import by_measure
 
     loss = compare({"LN": [2.0, 2.1, 2.2, 2.0], "BN": [2.5, 2.4, 2.6, 2.5], "none": [2.6, 2.8, 2.7, 2.9]}, higher=False)
     rms = compare({"LN": [1.0, 1.1, 0.9, 1.0], "BN": [1.0, 1.2, 1.0, 0.9]}, higher=None)
-    table = by_measure({"loss": loss, "RMS": rms})
-    assert table.header[:2] == ["measure", "comparison"] and len(table.rows) == 4
-    assert [r[0] for r in table.rows] == ["loss", "loss", "loss", "RMS"]
-    assert table.rows[3][5] == rms[0].short and rms[0].family == 1 and loss[0].family == 3
+    table = by_measure({"loss": loss, "RMS": rms}, label="question")
+    assert repr(table).splitlines()[0].startswith("question | comparison | seeds |") and len(table) == 4
+    raw = [c.p for c in loss] + [c.p for c in rms]
+    np.testing.assert_allclose([c.p_holm for c in table], holm(raw))  # Holm over the whole table
+    assert all(c.family == 4 for c in table) and loss[0].family == 3  # the separate calls are left as they were
+    assert [c.p_holm for c in table["loss"]] == [c.p_holm for c in table][:3]
+    assert table["RMS"][0].short == "no difference measured" and table["RMS"].verdict("LN", "BN").startswith("no difference")
+    with pytest.raises(KeyError, match="no measure 'speed'"):
+        table["speed"]
     with pytest.raises(TypeError, match="families must map measure names to compare"):
         by_measure({"loss": [1, 2]})
+
+
+def test_by_measure_can_undo_a_verdict_that_a_smaller_family_made():
+    from lnbook.compare import by_measure
+
+    small = compare({"base": [0, 0, 0, 0, 0], "b": [0.1, 0.3, 0.2, 0.0, 0.25]})  # alone: b beats base, p = 0.034
+    others = compare({"x": [0.1, -0.2, 0.3, 0.0, -0.1], "y": [0.0, 0.1, -0.1, 0.2, 0.0]})
+    assert small[0].winner == "b"
+    joint = by_measure({"first": small, "second": others})
+    assert joint["first"][0].winner is None and "Holm's correction for 2 comparisons" in joint["first"][0].sentence

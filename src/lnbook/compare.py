@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -143,17 +143,23 @@ class Comparison:
 
 
 class Comparisons(Sequence[Comparison]):
-    """The comparisons of one call, one family for Holm's adjustment. Index it by position or
-    by the pair of names (``result["LN", "BN"]``); it renders as a Markdown table in the book and
-    as aligned text under nbval."""
+    """The comparisons of one call, one family for Holm's adjustment. Index it by position, by
+    the pair of names (``result["LN", "BN"]``) or, for a :func:`by_measure` table, by a measure's
+    name (its comparisons); it renders as a Markdown table in the book and as aligned text under
+    nbval. ``measures`` names each row's measure (a first column headed ``label``)."""
 
-    def __init__(self, rows: Sequence[Comparison], means: Mapping[str, float]) -> None:
-        self.rows, self.means = list(rows), dict(means)
+    def __init__(self, rows: Sequence[Comparison], measures: Sequence[str] | None = None, label: str = "measure") -> None:
+        self.rows, self.label = list(rows), label
+        self.measures = None if measures is None else list(measures)
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def __getitem__(self, key):  # type: ignore[override]
+        if isinstance(key, str):
+            if not self.measures or key not in self.measures:
+                raise KeyError(f"no measure {key!r}; measures: {sorted(set(self.measures or []))}")
+            return Comparisons([c for c, m in zip(self.rows, self.measures) if m == key])
         if isinstance(key, tuple):
             for c in self.rows:
                 if (c.a, c.b) == key or (c.b, c.a) == key:
@@ -177,7 +183,10 @@ class Comparisons(Sequence[Comparison]):
             if any_diverged:
                 row.append(", ".join(f"{k} {v}" for k, v in c.diverged.items() if v) or "none")
             rows.append(row)
-        return Table(header + (["diverged runs"] if any_diverged else []), rows)
+        header += ["diverged runs"] if any_diverged else []
+        if self.measures is not None:
+            header, rows = [self.label, *header], [[m, *row] for m, row in zip(self.measures, rows)]
+        return Table(header, rows)
 
     def __repr__(self) -> str:
         return repr(self.table())
@@ -186,15 +195,26 @@ class Comparisons(Sequence[Comparison]):
         return self.table()._repr_markdown_()
 
 
-def by_measure(families: Mapping[str, Comparisons], label: str = "measure") -> Table:
-    """Several families (one ``compare`` call each, Holm within each) shown as one table, with a
-    first column, headed ``label``, naming the measure (or setting) each family compares."""
+def by_measure(families: Mapping[str, Comparisons], label: str = "measure") -> Comparisons:
+    """Several questions' comparisons (``compare`` calls) shown as one table, and therefore tested
+    as one family: Holm's adjustment is redone over every row of the table. The first column,
+    headed ``label``, names each row's measure (or setting); ``result[measure]`` gives that
+    measure's comparisons with the table's adjustment, for the sentences the text quotes."""
     if not isinstance(families, Mapping) or not families or not all(isinstance(f, Comparisons) for f in families.values()):
         raise TypeError(f"families must map measure names to compare() results, got {describe(families)}")
-    tables = [f.table() for f in families.values()]
-    header = max((t.header for t in tables), key=len)
-    rows = [[measure, *row, *[""] * (len(header) - len(row))] for measure, t in zip(families, tables) for row in t.rows]
-    return Table([label, *header], rows)
+    rows = [c for f in families.values() for c in f]
+    measures = [m for m, f in families.items() for _ in f]
+    adjusted = holm([c.p for c in rows])
+    rows = [replace(c, p_holm=float(p), family=len(rows), winner=_winner(c.a, c.b, c.diff, float(p), c.higher))
+            for c, p in zip(rows, adjusted)]
+    return Comparisons(rows, measures, label)
+
+
+def _winner(a: str, b: str, diff: float, p_holm: float, higher: bool | None) -> str | None:
+    """The better arm (the larger one when ``higher`` is None) if the adjusted test rejects."""
+    if p_holm >= ALPHA or diff == 0:
+        return None
+    return a if (diff > 0) == (higher is not False) else b
 
 
 def _as_results(results: Mapping[str, Sequence[float]], diverged: str | float | None, higher: bool | None,
@@ -303,13 +323,10 @@ def compare(
     rows = []
     for (a, b), (low, high, p), p_holm in zip(pairs, stats, adjusted):
         diff = float(arms[a].mean() - arms[b].mean())
-        winner = None
-        if p_holm < ALPHA and diff != 0:
-            winner = a if (diff > 0) == (higher is not False) else b
         rows.append(Comparison(a, b, len(arms[a]) if paired else min(len(arms[a]), len(arms[b])), diff, low, high,
-                               p, float(p_holm), len(pairs), higher, paired, digits, winner,
-                               {a: lost[a], b: lost[b]}))
-    return Comparisons(rows, {k: float(v.mean()) for k, v in arms.items()})
+                               p, float(p_holm), len(pairs), higher, paired, digits,
+                               _winner(a, b, diff, float(p_holm), higher), {a: lost[a], b: lost[b]}))
+    return Comparisons(rows)
 
 
 @dataclass(frozen=True)
