@@ -8,13 +8,16 @@ reading the register use (chapter 08, "What the compiler makes of our kernel"):
 * a thread keeps ``rows * block / (32 * warps)`` elements of each live tensor in registers; at
   16 warps (512 threads) ptxas may use at most 128 registers a thread, so the forward pass
   keeps a row whole only up to 8192 columns (16 elements a thread) and the backward pass, which
-  holds x, dy, w and the dW/dB partial sums at once, up to 4096 columns (8 a thread);
+  holds x, dy, w and the dW/dB partial sums at once, up to 4096 columns (8 a thread; the first
+  version of the backward kernel spilled beyond that, and the present one compiles at 8192
+  columns without spilling, so this limit is conservative);
 * longer rows are cut into column blocks: the forward pass loops over them; the backward pass
   first computes each row's two sums (one small kernel), then a 2-D grid of (row group, column
   block) programs writes dx and keeps its dW/dB partial sums in registers;
 * short rows are packed several to a tile (up to 16), so that a program has about 2048
   elements to work on rather than 64;
-* a row length that is not a multiple of 16 halves those limits: Triton cannot prove such rows
+* a row length that is not a multiple of 16 halves the forward limit and quarters the backward
+  one (and halves the long-row block): Triton cannot prove such rows
   aligned, loads element by element, and needs about 75-100 registers a thread where aligned
   rows need 35-65, which left one 16-warp program per SM.
 """
