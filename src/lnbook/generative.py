@@ -264,7 +264,9 @@ def train_wgan_gp(
     ``-mean D(G(z))``; Adam with ``lr`` and ``betas`` for both. The critic scores the real,
     the fake and the interpolated batch in three separate calls (so a batch-norm critic
     normalizes each with its own statistics); ``joint=True`` scores the real and the fake batch
-    together, as one batch of ``2 * batch_size``. Member ``s`` draws its randomness from a
+    together in the critic steps, as one batch of ``2 * batch_size``, while the generator step
+    still scores a batch of generated examples alone (so a batch-norm critic still hides that
+    batch's mean from the generator). Member ``s`` draws its randomness from a
     generator derived from ``gen.seeds[s]``.
 
     ``data``: ``(N, 64)`` images in ``[-1, 1]``. ``evaluate(gen)`` (optional) is called every
