@@ -6,7 +6,9 @@ and ``results["BN"][i]`` come from the same seed (the same initial weights where
 allow, the same batches). :func:`compare` takes the per-seed differences, gives each its mean,
 its 95% interval and a p-value, adjusts the p-values of one call (one family) with Holm's
 method, and writes the verdict: "X beats Y by d [lo, hi]" when the adjusted test rejects,
-"no difference measured" with the effects the interval still allows otherwise.
+"no difference measured" with the effects the interval still allows otherwise. One table of
+comparisons is one family: a call shown alone is its own table, and :func:`by_measure` shows
+several calls as one table and redoes the adjustment over all its rows.
 :func:`select` picks each arm's setting from a grid on validation results and returns the test
 results at that setting only.
 """
