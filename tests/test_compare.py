@@ -34,7 +34,7 @@ def test_a_planted_paired_effect_the_overlap_rule_misses_is_found():
     rng = np.random.default_rng(0)
     seed_effect = rng.normal(0.9, 0.03, size=10)
     a, b = seed_effect + 0.008 + rng.normal(0, 0.002, 10), seed_effect + rng.normal(0, 0.002, 10)
-    (ma, la, ha), (mb, lb, hb) = interval(a), interval(b)
+    (_, la, ha), (_, lb, hb) = interval(a), interval(b)
     assert la < hb and lb < ha  # the two intervals of the means overlap: the old rule saw nothing
     c = compare({"BN": a, "none": b})[0]
     assert c.winner == "BN" and c.low > 0 and c.p < 1e-4
