@@ -115,6 +115,23 @@ def test_each_member_trains_as_it_would_alone():
         torch.testing.assert_close(value[0], vae.state_dict()[key][1], rtol=1e-5, atol=1e-6)
 
 
+def test_a_critic_standardized_by_lnbooks_layer_norm_trains_as_torchs():
+    """WGAN-GP differentiates the critic's gradient: two generator steps (ten critic steps)
+    through lnbook.functional.layer_norm's backward give torch's fused layer_norm's results."""
+    x = toy_images(50)
+    runs = []
+    for native in (True, False):
+        gen, crit = G.generator("none", seeds=[3, 7], hidden=(8, 16)), G.critic("layer", seeds=[3, 7], hidden=(16, 16), native=native)
+        runs.append((G.train_wgan_gp(gen, crit, x, steps=2, n_critic=5, batch_size=8, lr=1e-3), crit))
+    (torchs, crit_t), (ours, crit_o) = runs
+    assert np.all(ours.penalty > 0)
+    np.testing.assert_allclose(ours.w_estimate, torchs.w_estimate, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ours.penalty, torchs.penalty, rtol=1e-4, atol=1e-5)
+    for key, value in crit_t.state_dict().items():
+        torch.testing.assert_close(crit_o.state_dict()[key], value, rtol=1e-4, atol=1e-5)
+    assert crit_o.member(1).native is False
+
+
 def test_wgan_gp_history_and_evaluations():
     x = toy_images(30)
     gen, crit = G.generator("none", seeds=[0, 1, 2], hidden=(8,)), G.critic("layer", seeds=[0, 1, 2], hidden=(8,))

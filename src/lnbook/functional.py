@@ -2,7 +2,10 @@
 
 ``layer_norm`` is a :class:`torch.autograd.Function`: its forward saves only the input, the
 per-row mean and 1/σ (``rstd``), and its backward applies the closed-form gradient derived in
-chapter 03, so autograd never records a graph through the statistics.
+chapter 03, so autograd never records a graph through the statistics. The backward is made
+of differentiable torch operations, so a second derivative (a gradient penalty) is exact; the
+function also has a forward-mode formula and works under ``torch.func`` (``vmap``,
+``grad``, ``jacrev``, ``jacfwd``, ``functional_call``).
 
 ``all_reduce_sum`` is the one collective the book uses (synchronized BatchNorm): a sum over
 data-parallel processes whose backward is again a sum. It counts its calls in
@@ -17,7 +20,6 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
-from torch.autograd.function import once_differentiable
 
 from ._checks import check_eps, check_float_tensor, check_normalized_shape, check_shape, check_trailing
 
@@ -28,12 +30,17 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 class _LayerNorm(torch.autograd.Function):
     """y = xhat * w + b over rows of D features: x is (M, D), weight and bias (D,) or None.
 
-    The backward is once-differentiable: mean and rstd are saved as constants, so a second
-    derivative through them would be wrong, and torch raises instead of returning it.
+    The forward returns y and also the row statistics mean and rstd (M, 1), which it saves
+    for the backward. Because they are outputs, autograd knows they depend on x: a second
+    derivative (a gradient penalty) differentiates the backward's torch operations and
+    reaches x through the saved statistics too, so it is exact. ``torch.func.vmap`` batches
+    the function op by op. Forward-mode AD is :class:`_DualLayerNorm`'s.
     """
 
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, x, weight, bias, eps):
+    def forward(x, weight, bias, eps):
         compute = torch.float32 if x.dtype in _LOW_PRECISION else x.dtype
         xc = x.to(compute)
         mean = xc.mean(dim=-1, keepdim=True)
@@ -44,27 +51,64 @@ class _LayerNorm(torch.autograd.Function):
             y = y * weight.to(compute)
         if bias is not None:
             y = y + bias.to(compute)
-        ctx.save_for_backward(x, weight, mean, rstd)
-        ctx.bias_dtype = None if bias is None else bias.dtype
-        return y.to(x.dtype)
+        return y.to(x.dtype), mean, rstd
 
     @staticmethod
-    @once_differentiable
-    def backward(ctx, dy):
+    def setup_context(ctx, inputs, output):
+        x, weight, bias, _ = inputs
+        _, mean, rstd = output
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.save_for_forward(x, weight, mean, rstd)
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        ctx.set_materialize_grads(False)  # gradients of unused outputs arrive as None
+
+    @staticmethod
+    def backward(ctx, dy, dmean, drstd):
         x, weight, mean, rstd = ctx.saved_tensors
         compute = mean.dtype
         xhat = (x.to(compute) - mean) * rstd
-        dy = dy.to(compute)
-        g = dy * weight.to(compute) if weight is not None else dy
         dx = dw = db = None
-        if ctx.needs_input_grad[0]:
-            dx = rstd * (g - g.mean(dim=-1, keepdim=True) - xhat * (g * xhat).mean(dim=-1, keepdim=True))
-            dx = dx.to(x.dtype)
-        if ctx.needs_input_grad[1]:
-            dw = (dy * xhat).sum(dim=0).to(weight.dtype)
-        if ctx.needs_input_grad[2]:
-            db = dy.sum(dim=0).to(ctx.bias_dtype)
-        return dx, dw, db, None
+        if dy is not None:
+            dy = dy.to(compute)
+            g = dy * weight.to(compute) if weight is not None else dy
+            if ctx.needs_input_grad[0]:
+                dx = rstd * (g - g.mean(dim=-1, keepdim=True) - xhat * (g * xhat).mean(dim=-1, keepdim=True))
+            if ctx.needs_input_grad[1]:
+                dw = (dy * xhat).sum(dim=0).to(weight.dtype)
+            if ctx.needs_input_grad[2]:
+                db = dy.sum(dim=0).to(ctx.bias_dtype)
+        if ctx.needs_input_grad[0] and (dmean is not None or drstd is not None):
+            # Only in a second derivative: the first backward used mean and rstd, which depend
+            # on x through d mean / dx = 1/D and d rstd / dx = -rstd**2 * xhat / D.
+            through = xhat.new_zeros(())
+            if dmean is not None:
+                through = through + dmean
+            if drstd is not None:
+                through = through - drstd * rstd * rstd * xhat
+            through = (through / x.shape[-1]).expand_as(xhat)
+            dx = through if dx is None else dx + through
+        return (None if dx is None else dx.to(x.dtype)), dw, db, None
+
+
+class _DualLayerNorm(_LayerNorm):
+    """:class:`_LayerNorm` with a forward-mode formula (``jvp``: torch.func.jvp, jacfwd,
+    forward_ad). ``torch.compile`` cannot trace a custom jvp, so compiled code uses the parent."""
+
+    @staticmethod
+    def jvp(ctx, dx, dw, db, _):
+        x, weight, mean, rstd = ctx.saved_tensors
+        compute = mean.dtype
+        xhat = (x.to(compute) - mean) * rstd
+        dx = torch.zeros_like(xhat) if dx is None else dx.to(compute)
+        dmean = dx.mean(dim=-1, keepdim=True)
+        drstd = -rstd * rstd * (xhat * dx).mean(dim=-1, keepdim=True)
+        dxhat = rstd * (dx - dmean) + xhat * drstd / rstd
+        dy = dxhat * weight.to(compute) if weight is not None else dxhat
+        if dw is not None:
+            dy = dy + xhat * dw.to(compute)
+        if db is not None:
+            dy = dy + db.to(compute)
+        return dy.to(x.dtype), dmean, drstd
 
 
 def layer_norm(
@@ -99,7 +143,8 @@ def layer_norm(
     x2 = x.reshape(-1, d)
     w2 = weight.reshape(d) if weight is not None else None
     b2 = bias.reshape(d) if bias is not None else None
-    return _LayerNorm.apply(x2, w2, b2, eps).reshape(x.shape)
+    function = _LayerNorm if torch.compiler.is_compiling() else _DualLayerNorm
+    return function.apply(x2, w2, b2, eps)[0].reshape(x.shape)
 
 
 COLLECTIVES: Counter = Counter()  # all-reduce calls made in this process: "forward" and "backward"

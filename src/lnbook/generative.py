@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ._checks import check_bool, check_choice, check_float_tensor, check_number, check_positive_int, describe
+from .functional import layer_norm
 
 NORMS = ("none", "batch", "layer")
 ACTIVATIONS = ("relu", "leaky_relu")
@@ -67,6 +68,9 @@ class EnsembleNet(nn.Module):
         output: ``"none"`` or ``"tanh"`` after the last Linear layer.
         first_norm: ``False`` leaves the first hidden layer without a norm (DCGAN's
             discriminator, whose input layer has no batch norm).
+        native: for ``norm="layer"``, standardize with torch's fused ``layer_norm`` (fewer
+            operators) or, ``False``, with :func:`lnbook.functional.layer_norm` (the book's
+            hand-written backward, twice differentiable): the same numbers up to rounding.
 
     Shapes: ``x (members, B, in_features)`` (member ``s`` sees ``x[s]``) or ``(B, in_features)``,
     the same batch for every member; output ``(members, B, out_features)``.
@@ -87,6 +91,7 @@ class EnsembleNet(nn.Module):
         first_norm: bool = True,
         momentum: float = 0.1,
         eps: float = 1e-5,
+        native: bool = True,
     ) -> None:
         super().__init__()
         if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence) or len(sizes) < 2:
@@ -97,6 +102,7 @@ class EnsembleNet(nn.Module):
         self.activation = check_choice(activation, ACTIVATIONS, "activation")
         self.output = check_choice(output, OUTPUTS, "output")
         self.first_norm = check_bool(first_norm, "first_norm")
+        self.native = check_bool(native, "native")
         self.momentum = check_number(momentum, "momentum", "a number in [0, 1]", lambda v: 0 <= v <= 1)
         self.eps = check_number(eps, "eps", "a positive number", lambda v: v > 0)
         self.seeds = _check_seeds(seeds)
@@ -128,8 +134,9 @@ class EnsembleNet(nn.Module):
     def _norm(self, h: torch.Tensor, i: int, batch_stats: bool) -> torch.Tensor:
         if self.norm == "none" or (i == 0 and not self.first_norm):
             return h
-        if self.norm == "layer":  # torch's fused layer_norm: fewer operators, same numbers
-            h = nn.functional.layer_norm(h, h.shape[-1:], eps=self.eps)
+        if self.norm == "layer":
+            standardize = nn.functional.layer_norm if self.native else layer_norm
+            h = standardize(h, h.shape[-1:], eps=self.eps)
             return h * getattr(self, f"gain{i}") + getattr(self, f"shift{i}")
         if batch_stats:
             mean = h.mean(1, keepdim=True)
@@ -166,7 +173,8 @@ class EnsembleNet(nn.Module):
     def member(self, s: int) -> "EnsembleNet":
         """Member ``s`` as an ensemble of one (parameters and statistics copied)."""
         one = EnsembleNet(self.sizes, self.norm, seeds=[self.seeds[s]], activation=self.activation,
-                          output=self.output, first_norm=self.first_norm, momentum=self.momentum, eps=self.eps)
+                          output=self.output, first_norm=self.first_norm, momentum=self.momentum, eps=self.eps,
+                          native=self.native)
         one.load_state_dict({k: v[s : s + 1].clone() for k, v in self.state_dict().items()})
         return one.train(self.training)
 
@@ -178,11 +186,13 @@ def generator(norm: str, seeds: Sequence[int], latent: int = 16, hidden: Sequenc
     return EnsembleNet((latent, *hidden, 64), norm, seeds=seeds, activation="relu", output="tanh")
 
 
-def critic(norm: str, seeds: Sequence[int], hidden: Sequence[int] = (256, 256), first_norm: bool = True) -> EnsembleNet:
+def critic(
+    norm: str, seeds: Sequence[int], hidden: Sequence[int] = (256, 256), first_norm: bool = True, native: bool = True
+) -> EnsembleNet:
     """A WGAN critic: images ``(members, B, 64)`` -> scores ``(members, B, 1)``, leaky-ReLU
     hidden layers (slope 0.2), no output activation; ``first_norm=False``: no norm after the
-    first hidden layer (DCGAN's discriminator)."""
-    return EnsembleNet((64, *hidden, 1), norm, seeds=seeds, activation="leaky_relu", first_norm=first_norm)
+    first hidden layer (DCGAN's discriminator); ``native`` as :class:`EnsembleNet`'s."""
+    return EnsembleNet((64, *hidden, 1), norm, seeds=seeds, activation="leaky_relu", first_norm=first_norm, native=native)
 
 
 def gradient_penalty(

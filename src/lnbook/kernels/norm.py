@@ -16,6 +16,7 @@ import functools
 import os
 
 import torch
+import torch.autograd.forward_ad as forward_ad
 import triton
 import triton.language as tl
 
@@ -358,6 +359,74 @@ def _add_backward_formula(ctx, dy, dsum, dmean, drstd):
 add_norm_forward.register_autograd(_add_backward_formula, setup_context=_add_setup_context)
 
 
+NO_DOUBLE_BACKWARD = (
+    "lnbook.kernels' fused norms have no double backward: their backward is a Triton kernel "
+    "without a derivative of its own, and a gradient penalty (WGAN-GP) differentiates it. Use "
+    "lnbook.norms.LayerNorm (or torch.nn.LayerNorm) where a second derivative passes through the norm"
+)
+NO_FORWARD_AD = (
+    "lnbook.kernels' fused norms have no forward-mode AD (torch.func.jvp, jacfwd, "
+    "torch.autograd.forward_ad): a torch.library custom op cannot carry a jvp formula, and "
+    "without one torch would return a zero tangent. Use lnbook.norms.LayerNorm or "
+    "torch.nn.LayerNorm there"
+)
+NO_FUNC_GRAD = (
+    "lnbook.kernels' fused norms do not run under torch.func's gradient transforms (grad, vjp, "
+    "jacrev, per-sample gradients): torch cannot apply them to a torch.library custom op's "
+    "autograd formula. torch.func.vmap and torch.autograd.grad (is_grads_batched too) work; "
+    "use lnbook.norms.LayerNorm or torch.nn.LayerNorm for torch.func.grad"
+)
+
+
+def _no_double_backward(ctx, *grads):
+    raise RuntimeError(NO_DOUBLE_BACKWARD)
+
+
+norm_backward.register_autograd(_no_double_backward)
+
+
+def _each_member(op, info, in_dims, *args):
+    """vmap rule that calls ``op`` once per member of the vmapped dimension and stacks the
+    results: exact for any inputs, one launch per member."""
+    outputs = [
+        op(*(a.select(d, i) if d is not None else a for a, d in zip(args, in_dims))) for i in range(info.batch_size)
+    ]
+    return tuple(torch.stack(parts) for parts in zip(*outputs)), (0,) * len(outputs[0])
+
+
+def _rows_batched(in_dims, rows: int) -> bool:
+    """Whether only the first ``rows`` arguments (x, and the residual) are vmapped."""
+    return all(d is None for d in in_dims[rows:])
+
+
+@norm_forward.register_vmap
+def _(info, in_dims, x, weight, bias, eps, rms, max_block, out_dtype):
+    if not _rows_batched(in_dims, 1):  # one weight per member: one launch per member
+        return _each_member(norm_forward, info, in_dims, x, weight, bias, eps, rms, max_block, out_dtype)
+    x = x.movedim(in_dims[0], 0)
+    b, m, n = x.shape
+    y, mean, rstd = norm_forward(x.reshape(b * m, n), weight, bias, eps, rms, max_block, out_dtype)  # one matrix of rows
+    return (y.reshape(b, m, n), mean.reshape(b, m), rstd.reshape(b, m)), (0, 0, 0)
+
+
+@add_norm_forward.register_vmap
+def _(info, in_dims, x, residual, weight, bias, eps, rms, max_block, out_dtype):
+    if not _rows_batched(in_dims, 2):
+        return _each_member(add_norm_forward, info, in_dims, x, residual, weight, bias, eps, rms, max_block, out_dtype)
+    b = info.batch_size
+    x, residual = (t.movedim(d, 0) if d is not None else t.expand(b, *t.shape) for t, d in zip((x, residual), in_dims))
+    m, n = x.shape[1:]
+    y, total, mean, rstd = add_norm_forward(x.reshape(b * m, n), residual.reshape(b * m, n), weight, bias, eps, rms,
+                                            max_block, out_dtype)
+    return (y.reshape(b, m, n), total.reshape(b, m, n), mean.reshape(b, m), rstd.reshape(b, m)), (0, 0, 0, 0)
+
+
+@norm_backward.register_vmap
+def _(info, in_dims, dy, dsum, x, weight, mean, rstd, has_bias, rms, max_block):
+    # dweight sums over rows, so members cannot share a launch: each needs its own sum.
+    return _each_member(norm_backward, info, in_dims, dy, dsum, x, weight, mean, rstd, has_bias, rms, max_block)
+
+
 def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, max_block: int | None) -> None:
     check_float_tensor(x, "x")
     if x.dtype not in DTYPES:
@@ -400,11 +469,26 @@ def output_dtype(x: torch.Tensor, rms: bool) -> torch.dtype:
     return _autocast_layer_norm_dtype(x.device.type, torch.get_autocast_dtype(x.device.type), x.dtype)
 
 
+def _call(op, *args):
+    """``op(*args)``, with a clear error for the transforms the custom ops do not support."""
+    if torch.compiler.is_compiling():
+        return op(*args)
+    if any(isinstance(a, torch.Tensor) and forward_ad.unpack_dual(a).tangent is not None for a in args):
+        raise RuntimeError(NO_FORWARD_AD)
+    try:
+        return op(*args)
+    except RuntimeError as error:  # torch's own: "... must override the setup_context staticmethod"
+        if "setup_context" not in str(error):
+            raise
+        raise RuntimeError(NO_FUNC_GRAD) from error
+
+
 def _apply(x, weight, bias, eps, rms, max_block):
     shape, n = x.shape, x.shape[-1]
     x2 = x.reshape(-1, n).contiguous()  # any strides in, rows of N contiguous elements out
     out_dtype = output_dtype(x, rms)
-    y, _, _ = norm_forward(x2, weight.contiguous(), bias.contiguous() if bias is not None else None, eps, rms, max_block, out_dtype)
+    bias = bias.contiguous() if bias is not None else None
+    y, _, _ = _call(norm_forward, x2, weight.contiguous(), bias, eps, rms, max_block, out_dtype)
     return y.reshape(shape)
 
 
@@ -442,8 +526,8 @@ def _check_residual(x: torch.Tensor, residual: torch.Tensor) -> None:
 def _apply_add(x, residual, weight, bias, eps, rms, max_block):
     shape, n = x.shape, x.shape[-1]
     x2, r2 = x.reshape(-1, n).contiguous(), residual.reshape(-1, n).contiguous()
-    y, total, _, _ = add_norm_forward(x2, r2, weight.contiguous(), bias.contiguous() if bias is not None else None, eps, rms,
-                                      max_block, output_dtype(x, rms))
+    bias = bias.contiguous() if bias is not None else None
+    y, total, _, _ = _call(add_norm_forward, x2, r2, weight.contiguous(), bias, eps, rms, max_block, output_dtype(x, rms))
     return y.reshape(shape), total.reshape(shape)
 
 
