@@ -232,6 +232,13 @@ def test_pickle_state_dict_bfloat16_meta_device_and_an_empty_batch(name):
     out.sum().backward()
     assert out.shape == empty.shape and empty.grad.shape == empty.shape
 
+
+@pytest.mark.parametrize("name", NAMES)
+def test_torchscript_is_refused_with_the_supported_paths_named(name):
+    model = nn.Sequential(nn.Linear(F, F), build(name))
+    with pytest.raises(RuntimeError, match=r"does not support TorchScript.*torch\.export\.export.*torch\.compile"):
+        torch.jit.script(model)
+
 # lnbook.kernels' fused norms: torch.library custom ops, float32 here (through Triton's
 # interpreter on a CPU). vmap has rules of their own; the uses torch cannot give a custom op
 # raise an error that names the alternative.
@@ -304,6 +311,8 @@ def test_fused_norms_refuse_what_a_custom_op_cannot_do_and_name_the_alternative(
     for transform in (grad(lambda x: fused(x).sum()), jacrev(fused), vmap(grad(lambda x: fused(x).sum()))):
         with pytest.raises(RuntimeError, match="gradient transforms.*lnbook.norms.LayerNorm"):
             transform(x.detach())
+    with pytest.raises(RuntimeError, match="does not support TorchScript"):
+        torch.jit.script(fused)
 
 
 @pytest.mark.parametrize("rms", [False, True], ids=["layer", "rms"])

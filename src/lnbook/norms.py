@@ -32,7 +32,20 @@ from ._checks import (
 from .functional import all_reduce_sum, layer_norm
 
 
-class LayerNorm(nn.Module):
+class NotScriptable:
+    """Mixin for modules TorchScript cannot compile (an ``autograd.Function``, Python argument
+    checks): ``torch.jit.script`` on them, or on a model holding them, raises an error that says
+    so and names the supported paths, instead of TorchScript's parse error."""
+
+    def __prepare_scriptable__(self) -> nn.Module:
+        raise RuntimeError(
+            f"{type(self).__module__}.{type(self).__name__} does not support TorchScript (torch.jit.script, "
+            "deprecated by PyTorch): export with torch.export.export, compile with torch.compile, or use "
+            "torch.nn's modules where TorchScript is required"
+        )
+
+
+class LayerNorm(NotScriptable, nn.Module):
     """LayerNorm over the trailing ``normalized_shape`` dimensions (Ba et al., 2016).
 
     Same constructor, parameters (``weight``, ``bias``) and state dict as
@@ -87,7 +100,7 @@ def _statistics_input(x: torch.Tensor, normalized_shape: tuple[int, ...]) -> tup
     return (x.float() if x.dtype in (torch.float16, torch.bfloat16) else x), tuple(range(-len(normalized_shape), 0))
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(NotScriptable, nn.Module):
     """RMSNorm (Zhang & Sennrich, 2019): ``y = weight * x / sqrt(mean(x**2) + eps)``.
 
     LayerNorm without the mean subtraction and without a bias: each position is rescaled by
@@ -113,7 +126,7 @@ class RMSNorm(nn.Module):
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.weight is not None}"
 
 
-class DyT(nn.Module):
+class DyT(NotScriptable, nn.Module):
     """Dynamic Tanh (Zhu et al., 2025): ``y = weight * tanh(alpha * x) + bias``.
 
     A drop-in replacement for a norm that computes no statistics: one learnable scalar
@@ -137,7 +150,7 @@ class DyT(nn.Module):
         return f"{self.normalized_shape}, alpha={self.alpha.item():.3g}"
 
 
-class DetachNorm(nn.Module):
+class DetachNorm(NotScriptable, nn.Module):
     """DetachNorm (Xu et al., 2019): LayerNorm whose mean and standard deviation are constants
     in the backward pass.
 
@@ -169,7 +182,7 @@ class DetachNorm(nn.Module):
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.weight is not None}"
 
 
-class AdaNorm(nn.Module):
+class AdaNorm(NotScriptable, nn.Module):
     """AdaNorm (Xu et al., 2019): LayerNorm with its gain and bias replaced by an adaptive scale.
 
     ``z = phi(y) * y`` with ``phi(y) = C * (1 - k * y)``, where ``y = (x - mean) / sqrt(var + eps)``
@@ -251,7 +264,7 @@ def _update_running(mean_buf, var_buf, mean, var, n: int, momentum: float) -> No
         var_buf.lerp_(var.detach() * n / (n - 1), momentum)
 
 
-class _BatchNormBase(nn.Module):
+class _BatchNormBase(NotScriptable, nn.Module):
     """Parameters, buffers and the affine output shared by the two batch norms below."""
 
     def __init__(self, num_features: int, eps: float, momentum: float, affine: bool, stats_shape: tuple) -> None:
@@ -395,7 +408,7 @@ class UnmaskedBatchNorm1d(MaskedBatchNorm1d):
         return super().forward(x)
 
 
-class GroupNorm(nn.GroupNorm):
+class GroupNorm(NotScriptable, nn.GroupNorm):
     """``torch.nn.GroupNorm`` over the last dimension of any ``(*, F)`` input: each position's
     ``F`` features in ``num_groups`` groups of consecutive features, each group normalized
     alone (on ``(B, F)`` exactly ``torch.nn.GroupNorm``). Shapes: ``(*, F)`` -> the same."""

@@ -8,11 +8,11 @@ import torch
 from torch import nn
 
 from .._checks import describe
-from ..norms import RMSNorm, swap_modules
+from ..norms import NotScriptable, RMSNorm, swap_modules
 from .norm import add_layer_norm, add_rms_norm, layer_norm, rms_norm
 
 
-class FusedLayerNorm(nn.LayerNorm):
+class FusedLayerNorm(NotScriptable, nn.LayerNorm):
     """``torch.nn.LayerNorm`` (same parameters and state dict) computed by :func:`layer_norm`.
 
     Normalizes over the last dimension only: ``normalized_shape`` must have one entry.
