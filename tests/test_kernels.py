@@ -160,22 +160,25 @@ def test_compiled_kernels_on_the_gpu_match_float64():
             check(True, m, n, dtype)
 
 
-def test_gpu_benchmark_script_runs_end_to_end_in_smoke_mode():
+def test_gpu_benchmark_script_runs_end_to_end_in_smoke_mode(tmp_path):
     import csv
+    import importlib.util
+    import json
+    import re
 
     script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "layernorm_gpu.py")
-    result = subprocess.run([sys.executable, script, "--smoke"], capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, script, "--smoke", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    csv_path = result.stdout.split("wrote ")[1].split(" and ")[0]
+    written = [line.removeprefix("wrote ") for line in result.stdout.splitlines() if line.startswith("wrote ")]
+    csv_path, json_path, png_path = written
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == sorted(os.path.basename(p) for p in written) and all(re.fullmatch(r"[A-Za-z0-9._-]+", f) for f in files)
     header = open(csv_path).readline().strip()
-    assert header == "kind,norm,dtype,m,n,implementation,mode,ms,gb_per_s,copy_gb_per_s,machine,device,torch,triton,date"
+    assert header == ("kind,norm,dtype,m,n,implementation,mode,reps,ms_median,ms_p25,ms_p75,ms_min,ms_max,bytes,gb_per_s,"
+                      "copy_gb_per_s,liger,command,machine,device,torch,triton,date")
     rows = list(csv.DictReader(open(csv_path)))
-    try:
-        import liger_kernel  # noqa: F401
-
-        peers = {"liger"}
-    except ImportError:
-        peers = set()
+    peers = {"liger"} if torch.cuda.is_available() and importlib.util.find_spec("liger_kernel") else set()  # Liger: GPU only
+    if not peers:
         assert "skipping Liger" in result.stderr
     names = {kind: {r["implementation"] for r in rows if (r["kind"], r["norm"]) == kind} for kind in (("norm", "layer"), ("norm", "rms"), ("block", "layer"))}
     assert names[("norm", "layer")] == {"naive", "F.layer_norm", "triton (lnbook)"} | peers  # torch.compile: GPU runs only
@@ -183,8 +186,20 @@ def test_gpu_benchmark_script_runs_end_to_end_in_smoke_mode():
     assert names[("block", "layer")] == {"nn.LayerNorm", "fuse_norms (lnbook)"} | peers
     norm_rows = [r for r in rows if r["kind"] == "norm"]
     assert len(norm_rows) == 2 * 2 * (len(names[("norm", "layer")]) + len(names[("norm", "rms")]))  # 2 sizes x 2 modes
-    assert all(float(r["ms"]) > 0 and r["date"] and r["torch"] == torch.__version__ for r in rows)
-    assert os.path.getsize(csv_path.replace(".csv", ".png")) > 0
+    assert [r["kind"] for r in rows].count("copy") == 1
+    for r in rows:  # a distribution of at least 5 calls, with provenance
+        assert int(r["reps"]) >= 5 and r["date"] and r["torch"] == torch.__version__ and "--smoke" in r["command"]
+        assert 0 < float(r["ms_min"]) <= float(r["ms_p25"]) <= float(r["ms_median"]) <= float(r["ms_p75"]) <= float(r["ms_max"])
+    report = json.load(open(json_path))
+    assert report["failures"] == [] and all(c["ok"] for c in report["float64_check"])
+    assert {"machine", "device", "torch", "triton", "liger", "date", "command"} <= set(report["provenance"])
+    det = {(r["implementation"], r["dtype"]): r for r in report["determinism"]}
+    assert set(det) == {(name, dtype) for name in ("triton (lnbook)", "lock-based (tutorial style)") for dtype in ("float32", "bfloat16")}
+    assert det["triton (lnbook)", "float32"]["distinct_dw"] == 1  # the interpreter cannot tell the lock-based one apart
+    assert all(det[name, "float32"]["dw_max_rel_error_vs_float64"] < 1e-5 for name, _ in det)  # both kernels are right
+    assert len(report["bf16_rounding"]) == 4 * 2 and all(0 <= r["frac_equal_float32_rounded"] <= 1 for r in report["bf16_rounding"])
+    assert all(r["y_invariant"] and r["dx_invariant"] for r in report["batch_invariance"] if r["implementation"] == "triton (lnbook)")
+    assert os.path.getsize(png_path) > 0
 
 
 @pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
