@@ -180,22 +180,21 @@ def test_ensembling_with_stack_module_state_equals_each_model(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_per_sample_gradients_equal_a_loop(name):
     norm = functional_mode(name, build(name))
-    params = {k: v.detach() for k, v in norm.named_parameters()}
+    params = {k: v.detach().requires_grad_() for k, v in norm.named_parameters()}
     if not params:
         pytest.skip(f"{name} has no parameters")
     x = inputs(name)
     weights = torch.linspace(-1, 1, F, dtype=x.dtype)
 
-    def loss(p, sample):
-        return (functional_call(norm, p, (sample.unsqueeze(0),)) ** 2 * weights).sum()
+    def loss(module, p, sample):
+        return (functional_call(module, p, (sample.unsqueeze(0),)) ** 2 * weights).sum()
 
+    expected = [torch.autograd.grad(loss(norm, params, sample), list(params.values())) for sample in x]
     for module in both(name, norm):
         p = {k: v.detach() for k, v in module.named_parameters()}
-        per_sample = vmap(grad(lambda p_, s: (functional_call(module, p_, (s.unsqueeze(0),)) ** 2 * weights).sum()),
-                          in_dims=(None, 0))(p, x)
-        for i in range(x.shape[0]):
-            expected = torch.autograd.grad(loss({k: v.requires_grad_() for k, v in params.items()}, x[i]), list(params.values()))
-            for k, e in zip(params, expected):
+        per_sample = vmap(grad(lambda p_, sample: loss(module, p_, sample)), in_dims=(None, 0))(p, x)
+        for i, grads in enumerate(expected):
+            for k, e in zip(params, grads):
                 torch.testing.assert_close(per_sample[k][i], e, rtol=0, atol=TOL)
 
 
@@ -270,12 +269,12 @@ def test_fused_norms_vmap_over_inputs_and_over_ensembled_weights(kernels, rms):
     xs = torch.randn(3, 5, F)
     torch.testing.assert_close(vmap(fused)(xs), reference(xs), **KERNEL_TOL)
     torch.testing.assert_close(vmap(fused, in_dims=1, out_dims=1)(xs), reference(xs), **KERNEL_TOL)
-    models = [fused_pair(kernels, rms, seed=s)[0] for s in range(3)]
-    params, buffers = stack_module_state(models)
-    base = copy.deepcopy(models[0]).to("meta")
+    pairs = [fused_pair(kernels, rms, seed=s) for s in range(3)]
+    params, buffers = stack_module_state([member for member, _ in pairs])
+    base = copy.deepcopy(pairs[0][0]).to("meta")
     out = vmap(lambda p, b, x: functional_call(base, (p, b), (x,)))(params, buffers, xs)
-    for i, model in enumerate(models):
-        torch.testing.assert_close(out[i], fused_pair(kernels, rms, seed=i)[1](xs[i]), **KERNEL_TOL)
+    for i, (_, member_reference) in enumerate(pairs):
+        torch.testing.assert_close(out[i], member_reference(xs[i]), **KERNEL_TOL)
 
 
 @pytest.mark.parametrize("rms", [False, True], ids=["layer", "rms"])

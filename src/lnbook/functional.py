@@ -2,8 +2,8 @@
 
 ``layer_norm`` is a :class:`torch.autograd.Function`: its forward saves only the input, the
 per-row mean and 1/σ (``rstd``), and its backward applies the closed-form gradient derived in
-chapter 03, so autograd never records a graph through the statistics. The backward is made
-of differentiable torch operations, so a second derivative (a gradient penalty) is exact; the
+chapter 03, so a first derivative records no graph through the statistics. The backward is
+made of differentiable torch operations, so a second derivative (a gradient penalty) is exact; the
 function also has a forward-mode formula and works under ``torch.func`` (``vmap``,
 ``grad``, ``jacrev``, ``jacfwd``, ``functional_call``).
 
