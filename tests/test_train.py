@@ -1,6 +1,7 @@
 """lnbook.train: the training loops, their pieces and runs side by side."""
 
 import copy
+import os
 
 import numpy as np
 import pytest
@@ -145,7 +146,9 @@ def jobs(n_seeds=2):
     return out
 
 
-def test_fit_many_in_workers_equals_running_here():
+def test_fit_many_in_workers_equals_running_here(monkeypatch):
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "1")  # a pool even where the tests run side by side
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     here_jobs, worker_jobs = jobs(), jobs()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in the workers: a different thread count may round differently
@@ -165,6 +168,19 @@ def test_fit_many_in_workers_equals_running_here():
         assert m2 is not job["model"]  # a worker's model comes back as a trained copy
     assert here[0][0] is here_jobs[0]["model"]  # here, the given model itself is trained
     assert here[0][1].step_loss != here[1][1].step_loss  # the seeds differ
+
+
+@pytest.mark.parametrize(("cores", "side_by_side", "expected"), [(2, 2, None), (2, 1, 2), (8, 2, 2), (3, 1, 2), (1, 1, None)])
+def test_cpu_workers_take_only_the_cores_left_to_them(monkeypatch, cores, side_by_side, expected):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", str(side_by_side))
+    workers = train.cpu_workers(2)
+    try:
+        assert (workers if workers is None else workers._max_workers) == expected
+    finally:
+        if workers is not None:
+            workers.shutdown()
 
 
 def test_fit_many_and_cpu_workers_reject_bad_input():

@@ -126,3 +126,25 @@ def check_mask_shape(mask_shape: Shape, x_shape: Shape) -> None:
             f"mask must have x's shape without the feature axis, {tuple(x_shape[:-1])}, "
             f"got {tuple(mask_shape)}"
         )
+
+
+def check_dataset(data: object, name: str) -> tuple[torch.Tensor, ...]:
+    """``data`` if it is a tuple ``(inputs..., labels)`` of tensors with one first dimension and int64 labels."""
+    if not isinstance(data, tuple) or len(data) < 2 or not all(isinstance(t, torch.Tensor) for t in data):
+        raise TypeError(f"{name} must be a tuple of tensors (inputs..., targets), got {type(data).__name__}")
+    n = len(data[-1])
+    if any(len(t) != n for t in data):
+        raise ValueError(f"{name}'s tensors must all have the same first dimension, got {describe([len(t) for t in data])}")
+    if data[-1].dtype != torch.int64:
+        raise TypeError(f"{name}'s targets must be int64 class labels, got {data[-1].dtype}")
+    return data
+
+
+def check_streams(train_ids: object, val_ids: object, block_size: int) -> None:
+    """Two 1-D int64 token streams, each longer than ``block_size``."""
+    for name, ids in (("train_ids", train_ids), ("val_ids", val_ids)):
+        if not isinstance(ids, torch.Tensor) or ids.ndim != 1 or ids.dtype != torch.int64:
+            raise TypeError(f"{name} must be a 1-D int64 tensor of token ids")
+    check_positive_int(block_size, "block_size")
+    if min(len(train_ids), len(val_ids)) <= block_size:
+        raise ValueError(f"train_ids and val_ids must be longer than block_size = {block_size}")

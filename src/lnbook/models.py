@@ -28,7 +28,8 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from ._checks import check_choice, check_number, check_positive_int, describe
-from .norms import EXAMPLE_NORMS, DetachNorm, GroupNorm, PicklesWithParametrizations, RMSNorm, check_norm, norm_layer
+from .norms import EXAMPLE_NORMS, DetachNorm, GroupNorm, RMSNorm, check_norm, norm_layer
+from .pickling import PicklesWithParametrizations
 from .rnn import LSTMCell
 from .train import OPTIMIZERS, History, clip_member_grads
 

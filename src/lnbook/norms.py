@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.utils import parametrize
 
 from ._checks import (
     check_choice,
@@ -514,29 +513,6 @@ def batch_statistics(model: nn.Module) -> bool:
     (the batch norms here, or torch's)."""
     batch_norms = (_BatchNormBase, nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
     return any(isinstance(m, batch_norms) for m in model.modules())
-
-
-def _rebuild(cls: type, args: tuple, kwargs: dict, state: dict, training: bool) -> nn.Module:
-    """``cls(*args, **kwargs)`` with ``state`` loaded and the training flag set: an unpickled copy."""
-    model = cls(*args, **kwargs)
-    model.load_state_dict(state)
-    return model.train(training)
-
-
-class PicklesWithParametrizations:
-    """Mixin for a module that keeps its constructor arguments in ``self.init_args``
-    (``(args, kwargs)``). Torch refuses to pickle a module with parametrizations (weight
-    normalization, norm ``"weight"``), yet :func:`lnbook.train.fit_many` sends models to
-    worker processes and back; such a module pickles as its class, constructor arguments and
-    state dict instead. Modules without parametrizations pickle as usual."""
-
-    init_args: tuple[tuple, dict[str, Any]]
-
-    def __reduce_ex__(self, protocol: int) -> str | tuple:
-        if not any(parametrize.is_parametrized(m) for m in self.modules()):
-            return super().__reduce_ex__(protocol)
-        cls = parametrize.type_before_parametrizations(self)
-        return _rebuild, (cls, *self.init_args, self.state_dict(), self.training)
 
 
 def swap_modules(model: nn.Module, replacement: Callable[[nn.Module], nn.Module | None]) -> int:

@@ -23,7 +23,8 @@ import torch
 from torch import nn
 
 from ._checks import check_int, check_positive_int
-from .norms import EXAMPLE_NORMS, PicklesWithParametrizations, TimeStepBatchNorm, apply_norm, check_norm, norm_layer
+from .norms import EXAMPLE_NORMS, TimeStepBatchNorm, apply_norm, check_norm, norm_layer
+from .pickling import PicklesWithParametrizations
 
 NORMS = ("none", "batch", "weight", *EXAMPLE_NORMS)
 
@@ -82,8 +83,9 @@ class _NormedCell(PicklesWithParametrizations, nn.Module):
         self.norm_c = make(norm_cell and self.GATES == 4, hidden_size)
 
     def _check(self, x: torch.Tensor, t: int) -> None:
-        if x.ndim != 2 or x.shape[1] != self.input_size:
-            raise ValueError(f"x must have shape (B, {self.input_size}), got {tuple(x.shape)}")
+        shape = "(B, " if getattr(self, "members", None) is None else f"(S = {self.members}, B, "
+        if x.ndim != shape.count(",") + 1 or x.shape[-1] != self.input_size:
+            raise ValueError(f"x must have shape {shape}{self.input_size}), got {tuple(x.shape)}")
         check_int(t, "t", 0, "a non-negative int (the time step)")
 
 
@@ -105,13 +107,13 @@ class LSTMCell(_NormedCell):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         self._check(x, t)
         h, c = state
-        gates = (
-            apply_norm(self.norm_ih, x @ self.weight_ih.T, mask, t)
-            + apply_norm(self.norm_hh, h @ self.weight_hh.T, mask, t)
-            + self.bias_ih
-            + self.bias_hh
+        gates = (  # .mT and unsqueeze(-2): the same code runs S seeds stacked (lnbook.seeds)
+            apply_norm(self.norm_ih, x @ self.weight_ih.mT, mask, t)
+            + apply_norm(self.norm_hh, h @ self.weight_hh.mT, mask, t)
+            + self.bias_ih.unsqueeze(-2)
+            + self.bias_hh.unsqueeze(-2)
         )
-        i, f, g, o = gates.chunk(4, dim=1)
+        i, f, g, o = gates.chunk(4, dim=-1)
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
         h = torch.sigmoid(o) * torch.tanh(apply_norm(self.norm_c, c, mask, t))
         return h, c
@@ -130,12 +132,13 @@ class GRUCell(_NormedCell):
     def forward(self, x: torch.Tensor, h: torch.Tensor, t: int = 0, mask: torch.Tensor | None = None) -> torch.Tensor:
         self._check(x, t)
         hs = self.hidden_size
-        gi = apply_norm(self.norm_ih, x @ self.weight_ih.T, mask, t) + self.bias_ih
-        gh = h @ self.weight_hh.T
-        rz_h = apply_norm(self.norm_hh, gh[:, : 2 * hs], mask, t)
-        r = torch.sigmoid(gi[:, :hs] + rz_h[:, :hs] + self.bias_hh[:hs])
-        z = torch.sigmoid(gi[:, hs : 2 * hs] + rz_h[:, hs:] + self.bias_hh[hs : 2 * hs])
-        n = torch.tanh(gi[:, 2 * hs :] + r * (gh[:, 2 * hs :] + self.bias_hh[2 * hs :]))
+        bias_hh = self.bias_hh.unsqueeze(-2)
+        gi = apply_norm(self.norm_ih, x @ self.weight_ih.mT, mask, t) + self.bias_ih.unsqueeze(-2)
+        gh = h @ self.weight_hh.mT
+        rz_h = apply_norm(self.norm_hh, gh[..., : 2 * hs], mask, t)
+        r = torch.sigmoid(gi[..., :hs] + rz_h[..., :hs] + bias_hh[..., :hs])
+        z = torch.sigmoid(gi[..., hs : 2 * hs] + rz_h[..., hs:] + bias_hh[..., hs : 2 * hs])
+        n = torch.tanh(gi[..., 2 * hs :] + r * (gh[..., 2 * hs :] + bias_hh[..., 2 * hs :]))
         return (1 - z) * n + z * h
 
 
@@ -145,6 +148,8 @@ class SequenceClassifier(nn.Module):
     ``x (B, T, F)`` with ``lengths (B,)``: at step t only sequences with ``t < length`` are
     real; the others keep their state, and BatchNorm leaves them out of its statistics. So a
     sequence's logits do not depend on how much padding follows it. Returns ``(B, n_classes)``.
+    A model of ``S`` seeds (:func:`lnbook.seeds.stack`) takes ``x (S, B, T, F)`` and ``lengths
+    (S, B)`` and returns ``(S, B, n_classes)``.
     """
 
     def __init__(self, cell: LSTMCell | GRUCell, n_classes: int) -> None:
@@ -155,24 +160,25 @@ class SequenceClassifier(nn.Module):
         self.head = nn.Linear(cell.hidden_size, check_positive_int(n_classes, "n_classes"))
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
-        if x.ndim != 3:
-            raise ValueError(f"x must have shape (B, T, F), got {tuple(x.shape)}")
-        b, steps, _ = x.shape
+        stacked = getattr(self, "members", None) is not None
+        if x.ndim != 3 + stacked:
+            raise ValueError(f"x must have shape {'(S, B, T, F)' if stacked else '(B, T, F)'}, got {tuple(x.shape)}")
+        *lead, steps, _ = x.shape  # lead: (B,), or (S, B) for S seeds
         if lengths is None:
-            lengths = torch.full((b,), steps, dtype=torch.long)
-        if lengths.shape != (b,) or int(lengths.min()) < 1 or int(lengths.max()) > steps:
-            raise ValueError(f"lengths must be (B,) = ({b},) with values in 1..{steps}")
+            lengths = torch.full(lead, steps, dtype=torch.long)
+        if tuple(lengths.shape) != tuple(lead) or int(lengths.min()) < 1 or int(lengths.max()) > steps:
+            raise ValueError(f"lengths must be {tuple(lead)} with values in 1..{steps}")
         lengths = lengths.to(x.device)
-        h = x.new_zeros(b, self.cell.hidden_size)
+        h = x.new_zeros(*lead, self.cell.hidden_size)
         state = (h, h.clone()) if isinstance(self.cell, LSTMCell) else h
         shortest = int(lengths.min())
         for t in range(int(lengths.max())):
             if t < shortest:  # every sequence is still real: nothing to mask
-                state = self.cell(x[:, t], state, t)
+                state = self.cell(x[..., t, :], state, t)
                 continue
             real = t < lengths
-            new = self.cell(x[:, t], state, t, real)
-            keep = real[:, None]
+            new = self.cell(x[..., t, :], state, t, real)
+            keep = real[..., None]
             if isinstance(self.cell, LSTMCell):
                 state = (torch.where(keep, new[0], state[0]), torch.where(keep, new[1], state[1]))
             else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import os
 import signal
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
@@ -24,7 +25,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ._checks import check_choice, check_int, check_number, check_positive_int, describe
+from ._checks import check_choice, check_dataset, check_int, check_number, check_positive_int, check_streams, describe
 from .data import Dataset
 from .utils import seed_everything
 
@@ -100,7 +101,7 @@ def clip_member_grads(params: Sequence[torch.Tensor], max_norm: float) -> None:
     """Gradient clipping for many models stacked as one: ``params`` each have a leading member
     axis ``(S, ...)``, and each member's gradients are scaled so that their global norm is at
     most ``max_norm``, as ``clip_grad_norm_`` would on that member alone."""
-    norm = sum(p.grad.pow(2).flatten(1).sum(1) for p in params).sqrt()  # (S,)
+    norm = sum(p.grad.pow(2).reshape(len(p.grad), -1).sum(1) for p in params).sqrt()  # (S,)
     scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
     for p in params:
         p.grad.mul_(scale.view(-1, *[1] * (p.ndim - 1)))
@@ -117,17 +118,6 @@ def evaluating(model: nn.Module) -> Iterator[torch.device]:
             yield next(model.parameters()).device
     finally:
         model.train(was_training)
-
-
-def _check_dataset(data: object, name: str) -> Dataset:
-    if not isinstance(data, tuple) or len(data) < 2 or not all(isinstance(t, torch.Tensor) for t in data):
-        raise TypeError(f"{name} must be a tuple of tensors (inputs..., targets), got {type(data).__name__}")
-    n = len(data[-1])
-    if any(len(t) != n for t in data):
-        raise ValueError(f"{name}'s tensors must all have the same first dimension, got {describe([len(t) for t in data])}")
-    if data[-1].dtype != torch.int64:
-        raise TypeError(f"{name}'s targets must be int64 class labels, got {data[-1].dtype}")
-    return data
 
 
 def accuracy(model: nn.Module, data: Dataset, batch_size: int = 512) -> float:
@@ -171,7 +161,7 @@ def fit(
         max_steps: stop after this many optimizer steps, even inside an epoch (which is then
             evaluated as the last): a budget in updates that is the same for every batch size.
     """
-    train, test = _check_dataset(train, "train"), _check_dataset(test, "test")
+    train, test = check_dataset(train, "train"), check_dataset(test, "test")
     check_positive_int(epochs, "epochs")
     check_positive_int(batch_size, "batch_size")
     if max_steps is not None:
@@ -222,17 +212,28 @@ class LMHistory:
     log_z: list[float] = field(default_factory=list)
 
 
-def _windows(ids: torch.Tensor, starts: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def windows(ids: torch.Tensor, starts: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Windows of a token stream ``ids`` starting at ``starts (*)``: inputs and next-token targets, each ``(*, block_size)``."""
     rows = starts[:, None] + torch.arange(block_size + 1)
     chunk = ids[rows]
     return chunk[:, :-1], chunk[:, 1:]
 
 
-def lm_loss(model: nn.Module, ids: torch.Tensor, block_size: int, batches: int = 4, batch_size: int = 32) -> float:
-    """Mean next-token loss of ``model`` (in eval mode) on ``batches`` fixed windows of ``ids``."""
+def _per_member(model: nn.Module, inputs: Sequence[torch.Tensor], device: torch.device) -> float | np.ndarray:
+    """``model.loss(*inputs)`` as a float, or, for a model of many seeds (:mod:`lnbook.seeds`),
+    with the inputs given to every member, one loss per member ``(S,)``."""
+    s = getattr(model, "members", None)
+    inputs = [t.to(device) if s is None else t.to(device).expand(s, *t.shape) for t in inputs]
+    loss = model.loss(*inputs)
+    return float(loss) if s is None else loss.double().cpu().numpy()
+
+
+def lm_loss(model: nn.Module, ids: torch.Tensor, block_size: int, batches: int = 4, batch_size: int = 32) -> float | np.ndarray:
+    """Mean next-token loss of ``model`` (in eval mode) on ``batches`` fixed windows of ``ids``
+    (one per member, ``(S,)``, for a model of many seeds)."""
     starts = torch.randint(len(ids) - block_size, (batches, batch_size), generator=torch.Generator().manual_seed(0))
     with evaluating(model) as device:
-        losses = [float(model.loss(*(t.to(device) for t in _windows(ids, s, block_size)))) for s in starts]
+        losses = [_per_member(model, windows(ids, s, block_size), device) for s in starts]
     return sum(losses) / len(losses)
 
 
@@ -263,24 +264,14 @@ def mlm_batch(
 
 
 def mlm_loss(model: nn.Module, ids: torch.Tensor, block_size: int, mask_id: int, min_len: int = 1,
-             mask_rate: float = 0.15, batches: int = 4, batch_size: int = 32) -> float:
+             mask_rate: float = 0.15, batches: int = 4, batch_size: int = 32) -> float | np.ndarray:
     """Mean masked-token loss of ``model`` (in eval mode) on ``batches`` fixed batches of
-    :func:`mlm_batch` drawn from ``ids``."""
+    :func:`mlm_batch` drawn from ``ids`` (one per member, ``(S,)``, for a model of many seeds)."""
     generator = torch.Generator().manual_seed(0)
     with evaluating(model) as device:
-        losses = [float(model.loss(*(t.to(device) for t in mlm_batch(ids, batch_size, block_size, mask_id, generator,
-                                                                     min_len, mask_rate))))
+        losses = [_per_member(model, mlm_batch(ids, batch_size, block_size, mask_id, generator, min_len, mask_rate), device)
                   for _ in range(batches)]
     return sum(losses) / len(losses)
-
-
-def _check_streams(train_ids: object, val_ids: object, block_size: int) -> None:
-    for name, ids in (("train_ids", train_ids), ("val_ids", val_ids)):
-        if not isinstance(ids, torch.Tensor) or ids.ndim != 1 or ids.dtype != torch.int64:
-            raise TypeError(f"{name} must be a 1-D int64 tensor of token ids")
-    check_positive_int(block_size, "block_size")
-    if min(len(train_ids), len(val_ids)) <= block_size:
-        raise ValueError(f"train_ids and val_ids must be longer than block_size = {block_size}")
 
 
 def _fit_steps(
@@ -359,7 +350,7 @@ def fit_lm(
             ``record_logits`` attribute, as ``TinyGPT``'s) compute attention explicitly while
             training, which is slower. The default (False) leaves the training step as it is.
     """
-    _check_streams(train_ids, val_ids, block_size)
+    check_streams(train_ids, val_ids, block_size)
     check_positive_int(batch_size, "batch_size")
     check_number(z_loss, "z_loss", "a number >= 0", lambda v: v >= 0)
     if not isinstance(record_logits, bool):
@@ -369,7 +360,7 @@ def fit_lm(
         raise ValueError("record_logits=True needs attention layers with a record_logits attribute (as TinyGPT's)")
 
     def batch(generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        return _windows(train_ids, torch.randint(len(train_ids) - block_size, (batch_size,), generator=generator), block_size)
+        return windows(train_ids, torch.randint(len(train_ids) - block_size, (batch_size,), generator=generator), block_size)
 
     objective = record = None
     if z_loss or record_logits:
@@ -423,7 +414,7 @@ def fit_mlm(
     :func:`mlm_loss`; ``min_len`` and ``mask_rate`` are :func:`mlm_batch`'s; everything else is
     as in :func:`fit_lm`.
     """
-    _check_streams(train_ids, val_ids, block_size)
+    check_streams(train_ids, val_ids, block_size)
     check_positive_int(batch_size, "batch_size")
     largest = int(max(train_ids.max(), val_ids.max()))
     check_int(mask_id, "mask_id", largest + 1, f"a token id no stream uses (> {largest})")
@@ -444,17 +435,23 @@ def fit_job(job: dict) -> tuple[nn.Module, History | LMHistory]:
     return model, job.pop("fit", fit)(model, **job)
 
 
-def cpu_workers(processes: int = 2) -> Executor:
-    """A pool of ``processes`` fresh Python processes with one CPU thread each, for :func:`fit_many`.
+def cpu_workers(processes: int = 2) -> Executor | None:
+    """A pool of up to ``processes`` fresh Python processes with one CPU thread each, for
+    :func:`fit_many`, sized to the cores this process may use and shares: under pytest-xdist
+    (nbval runs notebooks side by side) each worker's share. None when that leaves one core:
+    jobs then run in this process, one after the other, with the same results.
 
-    Small recurrent models are bound by the overhead of each tensor operation, not by
-    arithmetic, so a second thread does not help one model; a second model on the second
-    core does. Starting a worker costs an ``import torch`` (seconds), so make one pool and
-    reuse it; it closes with ``shutdown()`` or when Python exits.
+    A model's result does not depend on where it ran (one thread each). Starting a worker costs
+    an ``import torch`` (seconds), so make one pool and reuse it; it closes with
+    ``shutdown()`` or when Python exits.
     """
     check_positive_int(processes, "processes")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    share = max(1, cores // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    if min(processes, share) == 1:
+        return None
     context = multiprocessing.get_context("spawn")  # fork is unsafe once torch has started threads
-    return ProcessPoolExecutor(processes, mp_context=context, initializer=_init_worker)
+    return ProcessPoolExecutor(min(processes, share), mp_context=context, initializer=_init_worker)
 
 
 def _init_worker() -> None:

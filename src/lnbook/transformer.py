@@ -156,13 +156,13 @@ class SelfAttention(nn.Module):
         self.record_logits, self.logit_max, self.entropy = False, float("nan"), float("nan")
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = (z.view(b, t, self.n_head, d // self.n_head).transpose(1, 2) for z in self.qkv(x).split(d, dim=2))
-        if hasattr(self, "q_norm"):  # QK-norm: over each head's features, (B, heads, T, head dim)
+        t, d = x.shape[-2:]  # x (*, T, d): a batch (B, T, d), or (S, B, T, d) for S seeds (lnbook.seeds)
+        q, k, v = (z.unflatten(-1, (self.n_head, d // self.n_head)).transpose(-3, -2) for z in self.qkv(x).split(d, dim=-1))
+        if hasattr(self, "q_norm"):  # QK-norm: over each head's features, (*, heads, T, head dim)
             q, k = self.q_norm(q, None), self.k_norm(k, None)
         allowed = None  # without padding, the causal mask alone (is_causal) or nothing
-        if mask is not None:  # key padding (and causal): (B, 1, T, T), True where attention is allowed
-            allowed = mask[:, None, None, :]
+        if mask is not None:  # key padding (and causal): (*, 1, T, T), True where attention is allowed
+            allowed = mask[..., None, None, :]
             if self.causal:
                 allowed = torch.ones(t, t, dtype=torch.bool, device=x.device).tril() & allowed
         dropout = self.dropout if self.training else 0.0
@@ -170,22 +170,24 @@ class SelfAttention(nn.Module):
             y = self._explicit(q, k, v, allowed, dropout)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, is_causal=self.causal and mask is None, dropout_p=dropout)
-        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return self.proj(y.transpose(-3, -2).flatten(-2))
 
     def _explicit(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None,
                   dropout: float) -> torch.Tensor:
-        """Attention written out, recording the largest logit and the mean entropy."""
+        """Attention written out, recording the largest logit and the mean entropy (one each
+        per member, as lists, for ``(S, B, heads, T, T)`` logits)."""
         t = q.shape[-2]
-        logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, heads, T, T)
+        logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (*, heads, T, T)
+        lead = logits.ndim - 4  # 1 for many seeds
         if allowed is None:
             allowed = torch.ones(t, t, dtype=torch.bool, device=q.device)
             allowed = allowed.tril() if self.causal else allowed
         logits = logits.masked_fill(~allowed, float("-inf"))
         weights = logits.softmax(-1)
         with torch.no_grad():
-            self.logit_max = logits.max().item()
-            entropy = torch.special.entr(weights).sum(-1)  # (B, heads, T); padded queries included
-            self.entropy = entropy.nan_to_num(0.0).mean().item()
+            self.logit_max = logits.flatten(lead).amax(-1).tolist()
+            entropy = torch.special.entr(weights).sum(-1)  # (*, heads, T); padded queries included
+            self.entropy = entropy.nan_to_num(0.0).flatten(lead).mean(-1).tolist()
         return F.dropout(weights, dropout) @ v
 
 
@@ -221,7 +223,8 @@ class TinyGPT(nn.Module):
     final norm, and a linear head that shares the token embedding's weights.
 
     ``forward(idx (B, T), mask (B, T) or None) -> logits (B, T, vocab_size)``, with
-    ``T <= block_size``; ``mask`` is True on the real tokens of a right-padded batch.
+    ``T <= block_size``; ``mask`` is True on the real tokens of a right-padded batch. A model
+    of ``S`` seeds (:func:`lnbook.seeds.stack`) takes ``(S, B, T)`` and returns ``(S, B, T, vocab_size)``.
     """
 
     def __init__(self, cfg: GPTConfig) -> None:
@@ -258,24 +261,30 @@ class TinyGPT(nn.Module):
                         weight.mul_(beta)
 
     def forward(self, idx: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        if not isinstance(idx, torch.Tensor) or idx.ndim != 2 or idx.dtype != torch.int64:
-            raise ValueError(f"idx must be an int64 tensor of shape (B, T), got {describe(idx)}")
-        b, t = idx.shape
+        shape = "(B, T)" if getattr(self, "members", None) is None else f"(S, B, T) with S = {self.members} seeds"
+        if not isinstance(idx, torch.Tensor) or idx.ndim != len(shape.split(",")) or idx.dtype != torch.int64:
+            raise ValueError(f"idx must be an int64 tensor of shape {shape}, got {describe(idx)}")
+        t = idx.shape[-1]
         if not 1 <= t <= self.cfg.block_size:
             raise ValueError(f"sequence length must be in 1..block_size={self.cfg.block_size}, got {t}")
         if mask is not None and (mask.shape != idx.shape or mask.dtype != torch.bool):
             raise ValueError(f"mask must be a bool tensor of idx's shape {tuple(idx.shape)}, got {mask.dtype} {tuple(mask.shape)}")
-        x = self.drop(self.tok(idx) + self.pos(torch.arange(t, device=idx.device)))
+        positions = torch.arange(t, device=idx.device).expand(*idx.shape[:-2], 1, t)  # (1, T), (S, 1, T) for seeds
+        x = self.drop(self.tok(idx) + self.pos(positions))
         for block in self.blocks:
             x = block(x, mask)
         return self.head(self.norm_f(x, mask))
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Mean next-token cross-entropy over the real positions; ``targets (B, T)``."""
+        """Mean next-token cross-entropy over the real positions; ``targets (B, T)``. A model of
+        ``S`` seeds returns each member's, ``(S,)``."""
         logits = self(idx, mask)
         if mask is not None:
             targets = targets.masked_fill(~mask, -100)  # cross_entropy ignores -100
-        return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+        if targets.ndim == 2:
+            return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+        each = F.cross_entropy(logits.flatten(0, -2), targets.flatten(), ignore_index=-100, reduction="none")
+        return each.view(targets.shape).flatten(1).sum(1) / (targets != -100).flatten(1).sum(1)
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, new_tokens: int, temperature: float = 1.0, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -329,18 +338,19 @@ class TinyViT(nn.Module):
         self.head = nn.Linear(d_model, n_classes)
 
     def patches(self, images: torch.Tensor) -> torch.Tensor:
-        """``(B, H, W) -> (B, patches, patch_size**2)``, patches in reading order."""
-        size = self.image_size
-        if not isinstance(images, torch.Tensor) or images.ndim != 3 or images.shape[1:] != (size, size):
-            raise ValueError(f"images must be a tensor of shape (B, {size}, {size}), got {describe(images)}")
+        """``(B, H, W) -> (B, patches, patch_size**2)``, patches in reading order (``(S, B, H, W)``
+        for a model of ``S`` seeds, :func:`lnbook.seeds.stack`)."""
+        size, stacked = self.image_size, getattr(self, "members", None) is not None
+        if not isinstance(images, torch.Tensor) or images.ndim != 3 + stacked or images.shape[-2:] != (size, size):
+            raise ValueError(f"images must be a tensor of shape {'(S, ' if stacked else '('}B, {size}, {size}), got {describe(images)}")
         p = self.patch_size
-        return images.unfold(1, p, p).unfold(2, p, p).reshape(len(images), -1, p * p)
+        return images.unfold(-2, p, p).unfold(-2, p, p).reshape(*images.shape[:-2], -1, p * p)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        x = self.embed(self.patches(images)) + self.pos
+        x = self.embed(self.patches(images)) + self.pos.unsqueeze(-3)  # (1, P, d); (S, 1, P, d) for seeds
         for block in self.blocks:
             x = block(x)
-        return self.head(self.norm_f(x, None).mean(dim=1))
+        return self.head(self.norm_f(x, None).mean(dim=-2))
 
 
 def block_grad_norms(model: TinyGPT, idx: torch.Tensor, targets: torch.Tensor, part: str = "all") -> list[float]:
