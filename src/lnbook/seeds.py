@@ -144,8 +144,7 @@ class Norm(nn.Module):
     def __init__(self, norm: nn.Module, s: int) -> None:
         super().__init__()
         self.plain = type(norm)
-        self.shape = tuple(getattr(norm, "normalized_shape", None) or (norm.num_features if hasattr(norm, "num_features")
-                                                                      else norm.num_channels,))
+        self.shape = tuple(getattr(norm, "normalized_shape", None) or (getattr(norm, "num_features", None) or norm.num_channels,))
         self.eps = getattr(norm, "eps", None)
         for name, p in norm.named_parameters(recurse=False):
             setattr(self, name, _seeded(p, s))
@@ -183,6 +182,8 @@ class Norm(nn.Module):
         if real is not None:
             xr = torch.where(real, xr, 0.0)
         step = None if self.plain is not TimeStepBatchNorm else min(t, self.running_mean.shape[1] - 1)
+        if self.training and step is not None and step != t:
+            raise ValueError(f"t = {t} is beyond max_steps = {step + 1}; training needs statistics for every step")
         run_mean = self.running_mean if step is None else self.running_mean[:, step]
         run_var = self.running_var if step is None else self.running_var[:, step]
         run_mean, run_var = run_mean.unsqueeze(1), run_var.unsqueeze(1)  # (S, 1, F)
