@@ -148,3 +148,9 @@ def check_streams(train_ids: object, val_ids: object, block_size: int) -> None:
     check_positive_int(block_size, "block_size")
     if min(len(train_ids), len(val_ids)) <= block_size:
         raise ValueError(f"train_ids and val_ids must be longer than block_size = {block_size}")
+
+
+def check_mask_id(mask_id: object, *streams: torch.Tensor) -> int:
+    """``mask_id`` if it is a token id that none of the token ``streams`` uses."""
+    largest = int(max(ids.max() for ids in streams))
+    return check_int(mask_id, "mask_id", largest + 1, f"a token id no stream uses (> {largest})")

@@ -43,7 +43,16 @@ from torch import nn
 from torch.nn import functional as F
 from torch.nn.utils import parametrize
 
-from ._checks import check_choice, check_dataset, check_int, check_number, check_positive_int, check_streams, describe
+from ._checks import (
+    check_choice,
+    check_dataset,
+    check_int,
+    check_mask_id,
+    check_number,
+    check_positive_int,
+    check_streams,
+    describe,
+)
 from .data import Dataset
 from .norms import (
     AdaNorm,
@@ -60,11 +69,13 @@ from .train import (
     OPTIMIZERS,
     History,
     LMHistory,
+    LMObjective,
     clip_member_grads,
     fit_many,
     lm_loss,
     mlm_batch,
     mlm_loss,
+    recording_logits,
     windows,
 )
 from .utils import seed_everything
@@ -460,14 +471,14 @@ def fit(
 
 def _fit_steps(
     model: nn.Module, batch: Callable[[list[torch.Generator]], tuple[torch.Tensor, ...]],
-    objective: Callable[..., tuple[torch.Tensor, torch.Tensor]], validate: Callable[[], np.ndarray], *,
-    steps: int, lr: float | Sequence[float], seeds: Sequence[int], warmup: int, grad_clip: float | None,
-    eval_every: int, record: Callable[[list[LMHistory], list[int]], None] | None = None,
+    validate: Callable[[], np.ndarray], *, steps: int, lr: float | Sequence[float], seeds: Sequence[int], warmup: int,
+    grad_clip: float | None, eval_every: int, objective: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
+    record: Callable[[list[LMHistory], list[int]], None] | None = None,
 ) -> list[LMHistory]:
     """The loop of :func:`fit_lm` and :func:`fit_mlm`, :func:`lnbook.train.fit_lm`'s for every
-    member: Adam on ``objective(*batch(generators))`` (``(loss to minimize, loss to report)``,
-    each ``(S,)``) with a linear warm-up, ``validate()`` every ``eval_every`` steps, and a
-    member's stop on its first non-finite loss."""
+    member: Adam on ``model.loss(*batch(generators))`` (or ``objective``'s ``(loss to minimize,
+    loss to report)``, each ``(S,)``) with a linear warm-up, ``validate()`` every ``eval_every``
+    steps, and a member's stop on its first non-finite loss."""
     s = _stacked(model)
     for name, value in (("steps", steps), ("eval_every", eval_every)):
         check_positive_int(value, name)
@@ -482,7 +493,8 @@ def _fit_steps(
     for t in range(1, steps + 1):
         start = time.perf_counter()
         running = active.nonzero().flatten().tolist()
-        loss, reported = objective(*(x.to(device) for x in batch(generators)))
+        inputs = [x.to(device) for x in batch(generators)]
+        loss, reported = objective(*inputs) if objective is not None else (model.loss(*inputs),) * 2
         if record is not None:
             record(histories, running)
         step.step(loss, active, min(1.0, t / warmup) if warmup else 1.0)
@@ -524,49 +536,28 @@ def fit_lm(
     :class:`~lnbook.transformer.TinyGPT` made by :func:`stack`): member ``s`` draws its windows
     from a generator seeded with ``seeds[s]`` and trains at ``lr[s]`` (``lr``: one number or one
     per member). One :class:`~lnbook.train.LMHistory` per member."""
-    s = _stacked(model)
+    _stacked(model)
     check_streams(train_ids, val_ids, block_size)
     check_positive_int(batch_size, "batch_size")
-    check_number(z_loss, "z_loss", "a number >= 0", lambda v: v >= 0)
-    if not isinstance(record_logits, bool):
-        raise TypeError(f"record_logits must be a bool, got {type(record_logits).__name__}")
-    layers = [m for m in model.modules() if hasattr(m, "record_logits")]
-    if record_logits and not layers:
-        raise ValueError("record_logits=True needs attention layers with a record_logits attribute (as TinyGPT's)")
     high = len(train_ids) - block_size
 
     def batch(generators: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
         drawn = [windows(train_ids, torch.randint(high, (batch_size,), generator=g), block_size) for g in generators]
         return torch.stack([w[0] for w in drawn]), torch.stack([w[1] for w in drawn])
 
-    log_z = torch.zeros(s)
-
-    def objective(idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        nonlocal log_z
-        if not (z_loss or record_logits):
-            loss = model.loss(idx, targets)
-            return loss, loss
-        logits = model(idx)  # (S, B, T, vocab)
-        cross_entropy = F.cross_entropy(logits.flatten(0, -2), targets.flatten(), reduction="none").view(s, -1).mean(1)
-        log_z = logits.logsumexp(-1).flatten(1)  # (S, B * T)
-        return (cross_entropy + z_loss * log_z.pow(2).mean(1) if z_loss else cross_entropy), cross_entropy
+    objective = LMObjective(model, z_loss)
 
     def record(histories: list[LMHistory], running: list[int]) -> None:
-        z = log_z.detach().mean(1).tolist()
+        log_z = objective.log_z.tolist()
         for i in running:
             histories[i].attn_logit_max.append(max(m.logit_max[i] for m in layers))
             histories[i].attn_entropy.append(min(m.entropy[i] for m in layers))
-            histories[i].log_z.append(z[i])
+            histories[i].log_z.append(log_z[i])
 
-    for m in layers:
-        m.record_logits = record_logits
-    try:
-        return _fit_steps(model, batch, objective, lambda: lm_loss(model, val_ids, block_size), steps=steps, lr=lr,
-                          seeds=seeds, warmup=warmup, grad_clip=grad_clip, eval_every=eval_every,
-                          record=record if record_logits else None)
-    finally:
-        for m in layers:
-            m.record_logits = False
+    with recording_logits(model, record_logits) as layers:
+        return _fit_steps(model, batch, lambda: lm_loss(model, val_ids, block_size), steps=steps, lr=lr, seeds=seeds,
+                          warmup=warmup, grad_clip=grad_clip, eval_every=eval_every,
+                          objective=objective if z_loss or record_logits else None, record=record if record_logits else None)
 
 
 def fit_mlm(
@@ -591,18 +582,13 @@ def fit_mlm(
     _stacked(model)
     check_streams(train_ids, val_ids, block_size)
     check_positive_int(batch_size, "batch_size")
-    largest = int(max(train_ids.max(), val_ids.max()))
-    check_int(mask_id, "mask_id", largest + 1, f"a token id no stream uses (> {largest})")
+    check_mask_id(mask_id, train_ids, val_ids)
 
     def batch(generators: list[torch.Generator]) -> tuple[torch.Tensor, ...]:
         drawn = [mlm_batch(train_ids, batch_size, block_size, mask_id, g, min_len, mask_rate) for g in generators]
         return tuple(torch.stack(parts) for parts in zip(*drawn))
 
-    def objective(*inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        loss = model.loss(*inputs)
-        return loss, loss
-
-    return _fit_steps(model, batch, objective, lambda: mlm_loss(model, val_ids, block_size, mask_id, min_len, mask_rate),
+    return _fit_steps(model, batch, lambda: mlm_loss(model, val_ids, block_size, mask_id, min_len, mask_rate),
                       steps=steps, lr=lr, seeds=seeds, warmup=warmup, grad_clip=grad_clip, eval_every=eval_every)
 
 

@@ -25,7 +25,16 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ._checks import check_choice, check_dataset, check_int, check_number, check_positive_int, check_streams, describe
+from ._checks import (
+    check_choice,
+    check_dataset,
+    check_int,
+    check_mask_id,
+    check_number,
+    check_positive_int,
+    check_streams,
+    describe,
+)
 from .data import Dataset
 from .utils import seed_everything
 
@@ -352,38 +361,65 @@ def fit_lm(
     """
     check_streams(train_ids, val_ids, block_size)
     check_positive_int(batch_size, "batch_size")
-    check_number(z_loss, "z_loss", "a number >= 0", lambda v: v >= 0)
-    if not isinstance(record_logits, bool):
-        raise TypeError(f"record_logits must be a bool, got {type(record_logits).__name__}")
-    layers = [m for m in model.modules() if hasattr(m, "record_logits")]
-    if record_logits and not layers:
-        raise ValueError("record_logits=True needs attention layers with a record_logits attribute (as TinyGPT's)")
 
     def batch(generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         return windows(train_ids, torch.randint(len(train_ids) - block_size, (batch_size,), generator=generator), block_size)
 
-    objective = record = None
-    if z_loss or record_logits:
-        log_z = torch.zeros(())
+    objective = LMObjective(model, z_loss)
 
-        def objective(idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            nonlocal log_z
-            logits = model(idx)
+    def record(history: LMHistory) -> None:
+        history.attn_logit_max.append(max(m.logit_max for m in layers))
+        history.attn_entropy.append(min(m.entropy for m in layers))
+        history.log_z.append(objective.log_z.item())
+
+    with recording_logits(model, record_logits) as layers:
+        return _fit_steps(model, batch, lambda: lm_loss(model, val_ids, block_size), steps=steps, lr=lr, seed=seed,
+                          warmup=warmup, grad_clip=grad_clip, eval_every=eval_every,
+                          objective=objective if z_loss or record_logits else None, record=record if record_logits else None)
+
+
+class LMObjective:
+    """What :func:`fit_lm` minimizes when it records or adds PaLM's z-loss: ``objective(idx,
+    targets) -> (loss, cross-entropy)``, the loss ``cross-entropy + z_loss * mean(log(Z)**2)``
+    with ``log Z = logsumexp(logits)`` over the vocabulary at each position. Keeps ``log_z``,
+    the last call's mean log Z: a scalar, or one per member ``(S,)`` for a model of many seeds
+    (``idx (S, B, T)``, :mod:`lnbook.seeds`), whose losses are then ``(S,)`` too."""
+
+    def __init__(self, model: nn.Module, z_loss: float = 0.0) -> None:
+        self.model = model
+        self.z_loss = check_number(z_loss, "z_loss", "a number >= 0", lambda v: v >= 0)
+        self.log_z = torch.zeros(())
+
+    def __call__(self, idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.model(idx)
+        if idx.ndim == 2:
             cross_entropy = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
             log_z = logits.logsumexp(-1)  # (B, T)
-            return (cross_entropy + z_loss * log_z.pow(2).mean() if z_loss else cross_entropy), cross_entropy
+            squared = log_z.pow(2).mean()
+            self.log_z = log_z.detach().mean()
+        else:  # one loss per member
+            each = F.cross_entropy(logits.flatten(0, -2), targets.flatten(), reduction="none")
+            cross_entropy = each.view(len(idx), -1).mean(1)
+            log_z = logits.logsumexp(-1).flatten(1)  # (S, B * T)
+            squared = log_z.pow(2).mean(1)
+            self.log_z = log_z.detach().mean(1)
+        return (cross_entropy + self.z_loss * squared if self.z_loss else cross_entropy), cross_entropy
 
-        def record(history: LMHistory) -> None:
-            if record_logits:
-                history.attn_logit_max.append(max(m.logit_max for m in layers))
-                history.attn_entropy.append(min(m.entropy for m in layers))
-                history.log_z.append(log_z.detach().mean().item())
 
+@contextmanager
+def recording_logits(model: nn.Module, record: bool) -> Iterator[list[nn.Module]]:
+    """Inside the block, the attention layers of ``model`` (its modules with a ``record_logits``
+    attribute, as ``TinyGPT``'s) compute attention explicitly and keep their largest logit and
+    entropy if ``record`` is True; yields those layers. Recording is off after the block."""
+    if not isinstance(record, bool):
+        raise TypeError(f"record_logits must be a bool, got {type(record).__name__}")
+    layers = [m for m in model.modules() if hasattr(m, "record_logits")]
+    if record and not layers:
+        raise ValueError("record_logits=True needs attention layers with a record_logits attribute (as TinyGPT's)")
     for m in layers:
-        m.record_logits = record_logits
+        m.record_logits = record
     try:
-        return _fit_steps(model, batch, lambda: lm_loss(model, val_ids, block_size), steps=steps, lr=lr, seed=seed,
-                          warmup=warmup, grad_clip=grad_clip, eval_every=eval_every, objective=objective, record=record)
+        yield layers
     finally:
         for m in layers:
             m.record_logits = False
@@ -416,8 +452,7 @@ def fit_mlm(
     """
     check_streams(train_ids, val_ids, block_size)
     check_positive_int(batch_size, "batch_size")
-    largest = int(max(train_ids.max(), val_ids.max()))
-    check_int(mask_id, "mask_id", largest + 1, f"a token id no stream uses (> {largest})")
+    check_mask_id(mask_id, train_ids, val_ids)
 
     def batch(generator: torch.Generator) -> tuple[torch.Tensor, ...]:
         return mlm_batch(train_ids, batch_size, block_size, mask_id, generator, min_len, mask_rate)
