@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from lnbook import bench, data, ensemble, graphs, models, norms, parallel, plotting, reference, rl, rnn, train, transformer, utils
+from lnbook import bench, data, ensemble, graphs, models, norms, parallel, plotting, reference, rl, rnn, seeds, train, transformer, utils
 from lnbook._checks import describe
 from lnbook.functional import layer_norm
 from lnbook.norms import LayerNorm
@@ -188,9 +188,9 @@ TOKENS = torch.zeros(20, dtype=torch.int64)
 GPT = dict(vocab_size=10, block_size=8, n_layer=1, n_head=2, d_model=8)
 
 
-def _agents(out: int = 2) -> models.StackedMLP:
+def _agents(out: int = 2) -> models.MLP:
     """Two MLPs stacked (lnbook.rl's agents and refitted networks)."""
-    return models.StackedMLP([models.MLP(4, (4,), out), models.MLP(4, (4,), out)])
+    return seeds.stack([models.MLP(4, (4,), out), models.MLP(4, (4,), out)])
 
 
 CLASSES4 = (torch.randn(4, 4), torch.zeros(4, dtype=torch.long))
@@ -256,8 +256,8 @@ CLASSES4 = (torch.randn(4, 4), torch.zeros(4, dtype=torch.long))
         pytest.param(lambda: rl.shifted_targets(BIG, 2, 0.0, 0), ValueError, "n must", id="rl.shifted_targets"),
         pytest.param(lambda: rl.refit(_agents(out=1), torch.randn(4, 4), BIG, steps=1, lr=0.1, batch_size=2, seeds=[0, 1]),
                      ValueError, "targets", id="rl.refit"),
-        pytest.param(lambda: models.fit_stacked(_agents(), CLASSES4, CLASSES4, epochs=1, lr=BIG, batch_size=2, seeds=[0, 1]),
-                     ValueError, "lr", id="models.fit_stacked"),
+        pytest.param(lambda: seeds.fit(_agents(), CLASSES4, CLASSES4, epochs=1, lr=BIG, batch_size=2, seeds=[0, 1]),
+                     ValueError, "lr", id="seeds.fit.lr"),
         pytest.param(lambda: bench.median_times({}, warmup=BIG), ValueError, "warmup", id="bench.median_times"),
         pytest.param(lambda: bench.layernorm_traffic(4, 4, BIG), ValueError, "element_size", id="bench.traffic"),
         pytest.param(lambda: utils.seed_everything(BIG), TypeError, "seed", id="utils.seed_everything"),

@@ -1,11 +1,11 @@
-"""lnbook.models: the MLP with its norm as a setting, and layer_stats, which measures what it says
-without touching the model."""
+"""lnbook.models: the MLP with its norm as a setting, layer_stats, which measures what it says
+without touching the model, and mlp_layers, also on MLPs stacked by lnbook.seeds."""
 
 import numpy as np
 import pytest
 import torch
 
-from lnbook import models, rnn, train, utils
+from lnbook import models, seeds, train, utils
 
 
 @pytest.mark.parametrize("norm", models.MLP.NORMS)
@@ -47,74 +47,42 @@ def test_layer_stats_measures_the_linear_layers_and_leaves_the_model_alone():
         models.layer_stats(torch.nn.Linear(2, 2), x, y)
 
 
-def _members(make, seeds=(0, 1, 2)):
+def _members(make, seed_list=(0, 1, 2)):
     out = []
-    for seed in seeds:
+    for seed in seed_list:
         utils.seed_everything(seed)
         out.append(make())
     return out
 
 
-@pytest.mark.parametrize("norm", models.MLP.NORMS)
-def test_stacked_mlp_member_is_the_mlp_it_was_built_from(norm):
+@pytest.mark.parametrize("norm", ["none", "batch", "weight"])
+def test_mlp_layers_finds_the_layers_of_a_stacked_mlp(norm):
+    """lnbook.rl reads a stacked MLP's layers: member s's weights are those of the MLP it was built from."""
     mlps = _members(lambda: models.MLP(6, (8, 8), 3, norm))
-    stacked = models.StackedMLP(mlps)
-    x = torch.randn(3, 5, 6)
-    for training in (True, False):  # BatchNorm: each member's own batch statistics, then its own running ones
-        stacked.train(training)
-        expected = torch.stack([m.train(training)(x[s]) for s, m in enumerate(mlps)])
-        torch.testing.assert_close(stacked(x), expected, rtol=1e-5, atol=1e-5)
-    assert stacked(x[0]).shape == (3, 5, 3)  # one batch for every member
-
-
-@pytest.mark.parametrize("norm", rnn.NORMS)
-def test_stacked_lstm_member_is_the_classifier_it_was_built_from(norm):
-    classifiers = _members(lambda: rnn.SequenceClassifier(rnn.LSTMCell(4, 8, norm, max_steps=5), 3))
-    stacked = models.StackedLSTM(classifiers)
-    x = torch.randn(3, 6, 5, 4)
-    for training in (True, False):
-        stacked.train(training)
-        expected = torch.stack([c.train(training)(x[s]) for s, c in enumerate(classifiers)])
-        torch.testing.assert_close(stacked(x), expected, rtol=1e-5, atol=1e-5)
+    stacked = seeds.stack(mlps)
+    (linears, norms), plain = models.mlp_layers(stacked), [models.mlp_layers(m) for m in mlps]
+    assert len(linears) == 3 and len(norms) == 2
+    assert all(isinstance(n, seeds.Norm) for n in norms) if norm == "batch" else norms == [None, None]
+    for i, lin in enumerate(linears):
+        assert isinstance(lin, seeds.Linear) and lin.weight.shape == (3, *plain[0][0][i].weight.shape)
+        for s, (member_linears, _) in enumerate(plain):
+            torch.testing.assert_close(lin.weight[s], member_linears[i].weight)
 
 
 @pytest.mark.parametrize("norm", ["layer", "batch", "weight"])
-def test_fit_stacked_trains_each_member_as_fit_trains_it_alone(norm):
+def test_stacked_mlp_trains_each_member_as_fit_trains_it_alone_over_whole_epochs(norm):
+    """seeds.fit on stacked MLPs over two whole epochs, the last mini-batch of each smaller (100 = 3 * 32 + 4)."""
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(100, 6, generator=g), torch.randint(3, (100,), generator=g)
     data = (x, y)
-    seeds = [0, 1]
-    stacked = models.StackedMLP(_members(lambda: models.MLP(6, (8,), 3, norm), seeds))
-    histories = models.fit_stacked(stacked, data, data, epochs=2, lr=0.05, batch_size=32, seeds=seeds, optimizer="sgd")
-    for seed, h in zip(seeds, histories):
+    seed_list = [0, 1]
+    stacked = seeds.stack(_members(lambda: models.MLP(6, (8,), 3, norm), seed_list))
+    histories = seeds.fit(stacked, data, data, epochs=2, lr=0.05, batch_size=32, seeds=seed_list, optimizer="sgd")
+    for seed, h in zip(seed_list, histories):
         utils.seed_everything(seed)
         alone = train.fit(models.MLP(6, (8,), 3, norm), data, data, epochs=2, lr=0.05, batch_size=32, seed=seed,
                           optimizer="sgd")
+        assert h.steps_per_epoch == alone.steps_per_epoch == 4
         np.testing.assert_allclose(h.step_loss, alone.step_loss, rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(h.test_acc, alone.test_acc, atol=1e-9)
     assert histories[0].step_loss != histories[1].step_loss
-
-
-def test_fit_stacked_clips_each_member_on_its_own():
-    utils.seed_everything(0)
-    x, y = torch.randn(40, 3, 2), torch.randint(2, (40,))
-    seeds = [0, 1]
-    make = lambda: rnn.SequenceClassifier(rnn.LSTMCell(2, 4, "layer"), 2)  # noqa: E731
-    stacked = models.StackedLSTM(_members(make, seeds))
-    histories = models.fit_stacked(stacked, (x, y), (x, y), epochs=1, lr=0.05, batch_size=20, seeds=seeds, grad_clip=0.01)
-    for seed, h in zip(seeds, histories):
-        utils.seed_everything(seed)
-        alone = train.fit(make(), (x, y), (x, y), epochs=1, lr=0.05, batch_size=20, seed=seed, grad_clip=0.01)
-        np.testing.assert_allclose(h.step_loss, alone.step_loss, rtol=1e-4, atol=1e-5)
-
-
-def test_stacked_models_refuse_what_they_cannot_stack():
-    with pytest.raises(ValueError, match="same constructor"):
-        models.StackedMLP([models.MLP(4, (3,), 2), models.MLP(4, (5,), 2)])
-    with pytest.raises(TypeError, match="StackedMLP or a StackedLSTM"):
-        models.fit_stacked(models.MLP(4, (3,), 2), (torch.randn(4, 4), torch.zeros(4, dtype=torch.long)),
-                           (torch.randn(4, 4), torch.zeros(4, dtype=torch.long)), epochs=1, lr=0.1, batch_size=2, seeds=[0])
-    stacked = models.StackedMLP(_members(lambda: models.MLP(4, (3,), 2)))
-    with pytest.raises(ValueError, match="one entry per member"):
-        models.fit_stacked(stacked, (torch.randn(4, 4), torch.zeros(4, dtype=torch.long)),
-                           (torch.randn(4, 4), torch.zeros(4, dtype=torch.long)), epochs=1, lr=0.1, batch_size=2, seeds=[0])

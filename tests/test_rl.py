@@ -5,18 +5,18 @@ import numpy as np
 import pytest
 import torch
 
-from lnbook import models, rl, utils
+from lnbook import models, rl, seeds, utils
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def agents(norm, seeds=(0, 1), hidden=(16,)):
+def agents(norm, seed_list=(0, 1), hidden=(16,)):
     members = []
-    for seed in seeds:
+    for seed in seed_list:
         utils.seed_everything(seed)
         members.append(models.MLP(4, hidden, 2, norm))
-    return models.StackedMLP(members)
+    return seeds.stack(members)
 
 
 def test_greedy_return_is_the_length_of_a_greedy_episode():
@@ -24,8 +24,8 @@ def test_greedy_return_is_the_length_of_a_greedy_episode():
     stays up, which we count again by stepping gymnasium ourselves."""
     model = agents("none")
     with torch.no_grad():
-        model.linears[-1].b.copy_(torch.tensor([10.0, -10.0]))  # action 0 wins everywhere
-        model.linears[-1].v.zero_() if hasattr(model.linears[-1], "v") else model.linears[-1].w.zero_()
+        model.net[-1].bias.copy_(torch.tensor([10.0, -10.0]))  # every member: action 0 wins everywhere
+        model.net[-1].weight.zero_()
     returns = rl.greedy_return(model, episodes=2, seed=5)
     for s in range(2):
         lengths = []
@@ -61,14 +61,16 @@ def test_dqn_runs_every_agent_and_repeats(norm):
 
 def test_dqn_learns_cartpole_better_than_chance():
     """The update is right: 4,000 steps lift the greedy return far above random play (about 20)."""
-    model = agents("none", seeds=(0, 1, 2), hidden=(64, 64))
+    model = agents("none", seed_list=(0, 1, 2), hidden=(64, 64))
     history = rl.dqn(model, steps=4000, seeds=[0, 1, 2], train_every=2, eval_every=4000, eval_episodes=2)
     assert history.greedy[:, -1].mean() > 60
 
 
 def test_dqn_refuses_bad_settings():
-    with pytest.raises(TypeError, match="StackedMLP"):
+    with pytest.raises(TypeError, match="stacked by lnbook.seeds.stack"):
         rl.dqn(models.MLP(4, (8,), 2), steps=10, seeds=[0])
+    with pytest.raises(TypeError, match="stacked by lnbook.seeds.stack"):
+        rl.refit(torch.nn.Linear(4, 1), torch.randn(4, 4), torch.randn(1, 4), steps=1, lr=0.1, batch_size=2, seeds=[0])
     with pytest.raises(ValueError, match="one entry per agent"):
         rl.dqn(agents("none"), steps=10, seeds=[0])
     with pytest.raises(ValueError, match="learning_starts"):
@@ -83,7 +85,7 @@ def test_shifted_targets_are_fresh_and_move_by_the_shift():
     assert torch.equal(y, rl.shifted_targets(2000, 4, 1.5, seed=0))
 
 
-@pytest.mark.parametrize("norm", ["none", "layer"])
+@pytest.mark.parametrize("norm", ["none", "layer", "weight"])
 def test_refit_measures_fit_dead_units_and_weights(norm):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 8, generator=g)
@@ -91,22 +93,30 @@ def test_refit_measures_fit_dead_units_and_weights(norm):
     for seed in (0, 1):
         utils.seed_everything(seed)
         members.append(models.MLP(8, (32,), 1, norm))
-    model = models.StackedMLP(members)
+    model = seeds.stack(members)
     targets = rl.shifted_targets(64, 3, 0.0, seed=1)
     history = rl.refit(model, x, targets, steps=200, lr=1e-2, batch_size=16, seeds=[0, 1])
     assert history.fit.shape == history.dead.shape == history.weight_norm.shape == (2, 3)
     assert (history.fit < 0.8).all()  # 32 units memorize 64 values well in 200 steps
     assert ((history.dead >= 0) & (history.dead <= 1)).all()
     with torch.no_grad():  # the last column is the fit to the last target, measured again here
-        mse = ((model.eval()(x)[..., 0] - targets[-1]) ** 2).mean(1) / targets[-1].var(correction=0)
+        mse = ((model.eval()(x.expand(2, *x.shape))[..., 0] - targets[-1]) ** 2).mean(1) / targets[-1].var(correction=0)
     np.testing.assert_allclose(history.fit[:, -1], mse.numpy(), rtol=1e-5)
+    plain = seeds.unstack(model, [models.MLP(8, (32,), 1, norm) for _ in range(2)])  # the members, measured alone
+    for s, net in enumerate(plain):
+        linears, _ = models.mlp_layers(net)
+        weights = sum(lin.weight.detach().pow(2).sum() for lin in linears).sqrt()
+        assert history.weight_norm[s, -1] == pytest.approx(weights.item(), rel=1e-5)
+        with torch.no_grad():
+            units = net.net[:-1](x)  # the hidden ReLU's output
+        assert history.dead[s, -1] == pytest.approx((units == 0).all(0).float().mean().item())
 
 
 def test_refit_counts_a_unit_dead_only_when_it_is_zero_everywhere():
     utils.seed_everything(0)
-    model = models.StackedMLP([models.MLP(2, (4,), 1, "none")])
+    model = seeds.stack([models.MLP(2, (4,), 1, "none")])
     with torch.no_grad():
-        model.linears[0].w.zero_()
-        model.linears[0].b.copy_(torch.tensor([[[-1.0, -1.0, 1.0, 1.0]]]))  # two units off for every input
+        model.net[1].weight.zero_()
+        model.net[1].bias.copy_(torch.tensor([[-1.0, -1.0, 1.0, 1.0]]))  # two units off for every input
     history = rl.refit(model, torch.randn(10, 2), torch.randn(1, 10), steps=1, lr=1e-9, batch_size=2, seeds=[0])
     assert history.dead[0, 0] == pytest.approx(0.5)

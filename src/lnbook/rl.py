@@ -2,10 +2,11 @@
 plasticity test (a network refitted to target after target).
 
 :func:`dqn` trains ``S`` agents side by side, one per seed: each has its own CartPole
-environment, replay buffer, Q-network and target network (the members of a
-:class:`lnbook.models.StackedMLP`), so ten seeds cost little more than one. The norm is the
-Q-network's (``"none"``, ``"layer"`` or ``"batch"``). :func:`refit` measures plasticity in the
-sense of Lyle et al. (2024): one network trained on a sequence of regression targets, each
+environment, replay buffer, Q-network and target network (the members of an
+:class:`lnbook.models.MLP` stacked by :func:`lnbook.seeds.stack`), so ten seeds cost little
+more than one. The norm is the Q-network's (``"none"``, ``"layer"`` or ``"batch"``).
+:func:`refit` measures plasticity in the sense of Lyle et al. (2024): one network (again a
+stacked MLP, one member per seed) trained on a sequence of regression targets, each
 replacing the last, and how well it still fits the latest.
 """
 
@@ -20,10 +21,21 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import seeds as seed_axis
 from ._checks import check_number, check_positive_int, describe
-from .models import StackedMLP
+from .models import MLP, mlp_layers
 
 ENV = "CartPole-v1"  # 500 steps at most; reward 1 per step the pole stays up
+
+
+def _members(model: nn.Module) -> int:
+    """How many members a stacked MLP holds; a TypeError for anything else."""
+    members = seed_axis.members(model)
+    if not isinstance(model, MLP) or members is None:
+        kind = "a plain MLP" if isinstance(model, MLP) else type(model).__name__
+        raise TypeError("model must be an lnbook.models.MLP stacked by lnbook.seeds.stack (one member per seed), "
+                        f"got {kind}")
+    return members
 
 
 @dataclass
@@ -39,7 +51,7 @@ class DQNHistory:
     wall_time: float = 0.0
 
 
-def _q_values(model: StackedMLP, states: torch.Tensor) -> torch.Tensor:
+def _q_values(model: MLP, states: torch.Tensor) -> torch.Tensor:
     """Q-values ``(S, B, actions)`` of each agent's ``states (S, B, 4)``, in eval mode (a batch
     norm uses its running statistics), without autograd."""
     was_training = model.training
@@ -50,14 +62,14 @@ def _q_values(model: StackedMLP, states: torch.Tensor) -> torch.Tensor:
     return q
 
 
-def greedy_return(model: StackedMLP, episodes: int, seed: int) -> np.ndarray:
+def greedy_return(model: MLP, episodes: int, seed: int) -> np.ndarray:
     """Each agent's mean return over ``episodes`` CartPole episodes acting greedily (no
     exploration, eval mode), ``(S,)``; agent ``s``'s episode ``e`` starts from
     ``reset(seed=seed + 1000 * e + s)``."""
     import gymnasium as gym  # here, not at the top: `import lnbook` stays fast
 
+    members = _members(model)
     check_positive_int(episodes, "episodes")
-    members = model.members
     envs = [gym.make(ENV) for _ in range(members)]
     totals = np.zeros(members)
     for e in range(episodes):
@@ -76,7 +88,7 @@ def greedy_return(model: StackedMLP, episodes: int, seed: int) -> np.ndarray:
 
 
 def dqn(
-    model: StackedMLP,
+    model: MLP,
     *,
     steps: int,
     seeds: Sequence[int],
@@ -92,8 +104,9 @@ def dqn(
     eval_every: int | None = None,
     eval_episodes: int = 3,
 ) -> DQNHistory:
-    """Train ``model.members`` DQN agents (Mnih et al., 2015) on CartPole for ``steps``
-    environment steps each; returns their :class:`DQNHistory`.
+    """Train the members of ``model`` (an MLP stacked by :func:`lnbook.seeds.stack`, one per
+    seed) as DQN agents (Mnih et al., 2015) on CartPole for ``steps`` environment steps each;
+    returns their :class:`DQNHistory`.
 
     Agent ``s`` acts epsilon-greedily (epsilon falls linearly from 1 to ``final_epsilon`` over
     ``explore_steps``) in its own environment, first reset with ``seeds[s]``, stores every
@@ -106,8 +119,7 @@ def dqn(
     replayed ``s'`` in training mode too, so that a batch norm normalizes ``s'`` with the
     statistics of its own replayed batch, as it does ``s``. ``seeds`` also seed the draws.
     """
-    if not isinstance(model, StackedMLP):
-        raise TypeError(f"model must be an lnbook.models.StackedMLP, got {type(model).__name__}")
+    members = _members(model)
     for name, value in (("steps", steps), ("batch_size", batch_size), ("buffer", buffer),
                         ("target_every", target_every), ("explore_steps", explore_steps),
                         ("train_every", train_every)):
@@ -115,7 +127,6 @@ def dqn(
     check_number(lr, "lr", "a positive number", lambda v: v > 0)
     check_number(gamma, "gamma", "a number in [0, 1]", lambda v: 0 <= v <= 1)
     check_number(final_epsilon, "final_epsilon", "a number in [0, 1]", lambda v: 0 <= v <= 1)
-    members = model.members
     if len(seeds) != members:
         raise ValueError(f"seeds must have one entry per agent ({members}), got {describe(seeds)}")
     if learning_starts < batch_size:
@@ -207,21 +218,19 @@ def shifted_targets(n: int, tasks: int, shift: float, seed: int) -> torch.Tensor
     return torch.randn(tasks, n, generator=g) + shift * torch.arange(tasks)[:, None]
 
 
-def refit(model: StackedMLP, x: torch.Tensor, targets: torch.Tensor, *, steps: int, lr: float,
+def refit(model: MLP, x: torch.Tensor, targets: torch.Tensor, *, steps: int, lr: float,
           batch_size: int, seeds: Sequence[int]) -> RefitHistory:
-    """Train every member of ``model`` (one output) on ``targets[0]``, then ``targets[1]`` and on,
-    ``steps`` Adam steps of mean squared error each, on mini-batches of ``batch_size`` of the
+    """Train every member of ``model`` (an MLP with one output, stacked by
+    :func:`lnbook.seeds.stack`) on ``targets[0]``, then ``targets[1]`` and on, ``steps`` Adam steps of mean squared error each, on mini-batches of ``batch_size`` of the
     inputs ``x (n, ...)`` (member ``s``'s drawn by a generator seeded with ``seeds[s]``),
     without resetting the network or the optimizer between tasks: Lyle et al.'s test of
     plasticity. Returns a :class:`RefitHistory`."""
-    if not isinstance(model, StackedMLP):
-        raise TypeError(f"model must be an lnbook.models.StackedMLP, got {type(model).__name__}")
+    members = _members(model)
     check_positive_int(steps, "steps")
     check_positive_int(batch_size, "batch_size")
     check_number(lr, "lr", "a positive number", lambda v: v > 0)
     if targets.ndim != 2 or targets.shape[1] != len(x):
         raise ValueError(f"targets must be (tasks, {len(x)}), got {describe(targets)}")
-    members = model.members
     if len(seeds) != members:
         raise ValueError(f"seeds must have one entry per member ({members}), got {describe(seeds)}")
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
@@ -239,12 +248,15 @@ def refit(model: StackedMLP, x: torch.Tensor, targets: torch.Tensor, *, steps: i
             optimizer.step()
         model.eval()
         with torch.no_grad():
-            fit.append((((model(x)[..., 0] - y) ** 2).mean(1) / y.var(correction=0)).cpu().numpy())
-            h, silent = x.flatten(1).expand(members, -1, -1), []
-            for linear, norm in zip(model.linears, model.norms):
-                h = torch.relu(norm(linear(h)))
-                silent.append((h == 0).all(1))  # (S, units)
+            every = x.expand(members, *x.shape)  # every member sees all the inputs
+            fit.append((((model(every)[..., 0] - y) ** 2).mean(1) / y.var(correction=0)).cpu().numpy())
+            h, silent = every, []
+            for layer in model.net[:-1]:  # the hidden layers; each ReLU's output is a layer's units
+                h = layer(h)
+                if isinstance(layer, nn.ReLU):
+                    silent.append((h == 0).all(1))  # (S, units)
             dead.append(torch.cat(silent, 1).float().mean(1).cpu().numpy())
-            norms.append(torch.stack([lin.weight().flatten(1).pow(2).sum(1) for lin in model.linears]).sum(0).sqrt().cpu().numpy())
+            weights = mlp_layers(model)[0]  # seeds.Linear: weight (S, out, in), weight-normalized when the MLP is
+            norms.append(torch.stack([lin.weight.flatten(1).pow(2).sum(1) for lin in weights]).sum(0).sqrt().cpu().numpy())
         model.train()
     return RefitHistory(np.stack(fit, 1), np.stack(dead, 1), np.stack(norms, 1))
