@@ -1,6 +1,7 @@
-"""lnbook.generative: ensembles of MLPs with no, batch or layer norm, the WGAN-GP gradient penalty
-(against finite differences), the VAE's ELBO (against torch.distributions), each member training as
-it would alone, batch coupling, and the sample scores."""
+"""lnbook.generative: MLPs with no, batch or layer norm stacked by lnbook.seeds, the WGAN-GP gradient
+penalty (against finite differences), the VAE's ELBO (against torch.distributions), each member
+training as it would alone, batch coupling, batch statistics on demand and on a batch of one, and
+the sample scores."""
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ import scipy.linalg
 import torch
 
 from lnbook import generative as G
+from lnbook import norms, seeds
 
 
 def toy_images(n=40, seed=0):
@@ -63,33 +65,67 @@ def test_batch_jacobian_is_diagonal_exactly_when_the_norm_is_per_example(norm):
         assert torch.equal(off, torch.zeros(6, 6))
 
 
-def test_layer_norm_matches_torch_and_batch_norm_matches_batchnorm1d():
+def test_weights_are_drawn_from_the_seed_as_before_and_each_member_computes_its_plain_net():
+    """A stacked critic is the plain Nets of its seeds (the same weights, drawn in the order the
+    earlier hand-stacked ensemble drew them), and member s computes what plain Net s computes,
+    batch statistics and running averages included."""
     x = toy_images(10)
-    for norm, module in (("layer", torch.nn.LayerNorm(16)), ("batch", torch.nn.BatchNorm1d(16))):
-        net = G.EnsembleNet((64, 16, 3), norm, seeds=[5])
-        lin = torch.nn.Linear(64, 16, bias=norm != "batch")
-        with torch.no_grad():
-            lin.weight.copy_(net.weight0[0].T)
-            if norm != "batch":
-                lin.bias.copy_(net.bias0[0, 0])
-            net.gain0.uniform_(0.5, 1.5), net.shift0.uniform_(-0.5, 0.5)
-            module.weight.copy_(net.gain0[0, 0]), module.bias.copy_(net.shift0[0, 0])
-        out = torch.relu(module(lin(x))) @ net.weight1[0] + net.bias1[0]
-        torch.testing.assert_close(net(x)[0], out)
-        if norm == "batch":
-            torch.testing.assert_close(net.running_mean0[0, 0], module.running_mean)
-            torch.testing.assert_close(net.running_var0[0, 0], module.running_var)
+    for norm, native in (("none", True), ("batch", True), ("layer", True), ("layer", False)):
+        stacked = G.critic(norm, seeds=[5, 6], hidden=(16, 8), native=native)
+        plain = [G.Net((64, 16, 8, 1), norm, seed=s, activation="leaky_relu", native=native) for s in (5, 6)]
+        g = torch.Generator().manual_seed(6)
+        expected = (torch.rand(64, 16, generator=g) * 2 - 1) / 8  # U(-1/sqrt(64), 1/sqrt(64)), drawn (in, out)
+        assert torch.equal(plain[1].layers[0].weight, expected.T) and torch.equal(stacked.layers[0].weight[1], expected.T)
+        with torch.no_grad():  # gains and shifts away from 1 and 0, the same in both
+            for p in stacked.parameters():
+                p.add_(0.3 * torch.randn(p.shape, generator=g))
+        seeds.unstack(stacked, plain)
+        out = stacked(x)
+        for s, net in enumerate(plain):
+            torch.testing.assert_close(out[s], net(x))
+        for s, net in enumerate(seeds.unstack(stacked, [G.Net((64, 16, 8, 1), norm, seed=0, activation="leaky_relu",
+                                                              native=native) for _ in range(2)])):
+            for key, value in net.state_dict().items():  # running averages moved as the plain nets' did
+                torch.testing.assert_close(value, plain[s].state_dict()[key])
+
+
+def test_batch_norm_matches_torchs_batchnorm1d():
+    x = toy_images(10)
+    net = G.Net((64, 16, 3), "batch", seed=5)
+    lin, bn = torch.nn.Linear(64, 16, bias=False), torch.nn.BatchNorm1d(16)
+    with torch.no_grad():
+        net.layers[1].weight.uniform_(0.5, 1.5), net.layers[1].bias.uniform_(-0.5, 0.5)
+        lin.weight.copy_(net.layers[0].weight), bn.weight.copy_(net.layers[1].weight), bn.bias.copy_(net.layers[1].bias)
+    out = torch.relu(bn(lin(x))) @ net.layers[3].weight.T + net.layers[3].bias
+    torch.testing.assert_close(net(x), out)
+    torch.testing.assert_close(net.layers[1].running_mean, bn.running_mean)
+    torch.testing.assert_close(net.layers[1].running_var, bn.running_var)
 
 
 def test_training_batch_norm_on_one_example_forgets_the_input_and_keeps_running_statistics():
-    net = G.EnsembleNet((64, 16, 4), "batch", seeds=[0, 1])
-    before = net.running_var0.clone()
+    net = G.critic("batch", seeds=[0, 1], hidden=(16,))
+    plain = G.Net((64, 16, 1), "batch", seed=1, activation="leaky_relu")
+    before = {k: v.clone() for k, v in net.state_dict().items()}
     x = toy_images(2)
     a, b = net(x[:1]), net(x[1:])
+    assert a.shape == (2, 1, 1)
     torch.testing.assert_close(a, b)  # every feature becomes its shift, whatever the input
-    assert torch.equal(net.running_var0, before)
+    torch.testing.assert_close(plain(x[:1]), a[1])
+    assert all(torch.equal(v, net.state_dict()[k]) for k, v in before.items())
     net.eval()
     assert not torch.allclose(net(x[:1]), net(x[1:]))  # running statistics see the input
+    torch.testing.assert_close(net(x[:1], batch_stats=True), a)  # batch statistics asked for in eval mode
+    assert not net.training and all(torch.equal(v, net.state_dict()[k]) for k, v in before.items())
+
+
+def test_running_statistics_in_training_mode_leave_them_alone():
+    net = G.generator("batch", seeds=[0, 1], hidden=(8, 16))
+    net(torch.randn(2, 32, 16))  # some running statistics
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    z = torch.randn(5, 16)
+    running = net(z, batch_stats=False)
+    assert net.training and all(torch.equal(v, net.state_dict()[k]) for k, v in state.items())
+    torch.testing.assert_close(running, net.eval()(z))
 
 
 def test_each_member_trains_as_it_would_alone():
@@ -106,9 +142,9 @@ def test_each_member_trains_as_it_would_alone():
         for a, b in ((gen, gen1), (crit, crit1)):
             for key, value in b.state_dict().items():
                 torch.testing.assert_close(value[0], a.state_dict()[key][1], rtol=1e-4, atol=1e-5)
-        assert not torch.allclose(gen.weight0[0], gen.weight0[1])
+        assert not torch.allclose(gen.layers[0].weight[0], gen.layers[0].weight[1])
     binary = (x > 0).float()
-    vae, vae1 = G.EnsembleVAE("batch", seeds=[2, 5], hidden=(16,)), G.EnsembleVAE("batch", seeds=[5], hidden=(16,))
+    vae, vae1 = G.vae("batch", seeds=[2, 5], hidden=(16,)), G.vae("batch", seeds=[5], hidden=(16,))
     np.testing.assert_allclose(G.train_vae(vae, binary, steps=4, batch_size=8)[1],
                                G.train_vae(vae1, binary, steps=4, batch_size=8)[0], rtol=1e-5)
     for key, value in vae1.state_dict().items():
@@ -129,7 +165,17 @@ def test_a_critic_standardized_by_lnbooks_layer_norm_trains_as_torchs():
     np.testing.assert_allclose(ours.penalty, torchs.penalty, rtol=1e-4, atol=1e-5)
     for key, value in crit_t.state_dict().items():
         torch.testing.assert_close(crit_o.state_dict()[key], value, rtol=1e-4, atol=1e-5)
-    assert crit_o.member(1).native is False
+    names, seen = set(), set()
+
+    def walk(fn):  # the backward graph of one critic step
+        if fn is not None and fn not in seen:
+            seen.add(fn), names.add(type(fn).__name__)
+            for child, _ in fn.next_functions:
+                walk(child)
+
+    walk(crit_o(x[:8]).sum().grad_fn)
+    ours = {"_LayerNormBackward", "_DualLayerNormBackward"}  # lnbook.functional's autograd functions
+    assert names & ours and "NativeLayerNormBackward0" not in names  # lnbook's function, in the stack
 
 
 def test_wgan_gp_history_and_evaluations():
@@ -148,7 +194,7 @@ def test_wgan_gp_history_and_evaluations():
 
 
 def test_elbo_matches_torch_distributions():
-    vae = G.EnsembleVAE("layer", seeds=[0, 1], latent=3, hidden=(16,)).double()
+    vae = G.vae("layer", seeds=[0, 1], latent=3, hidden=(16,)).double()
     x = (toy_images(6) > 0).double()
     noise = torch.randn(2, 6, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     value = G.elbo(vae, x, noise)
@@ -164,7 +210,7 @@ def test_vae_training_raises_the_elbo_and_batch_norm_couples_encodings():
     protos = (toy_images(2) > 0).float()  # two prototypes, 5% of the pixels flipped
     flips = (torch.rand(60, 64, generator=torch.Generator().manual_seed(1)) < 0.05).float()
     x = (protos.repeat(30, 1) - flips).abs()
-    vae = G.EnsembleVAE("batch", seeds=[0, 1])
+    vae = G.vae("batch", seeds=[0, 1])
     start = G.heldout_elbo(vae, x)
     G.train_vae(vae, x, steps=60, batch_size=16, lr=3e-3)
     vae.eval()
@@ -200,11 +246,13 @@ def test_class_coverage():
 
 def test_bad_input_names_the_argument():
     with pytest.raises(ValueError, match="norm"):
-        G.EnsembleNet((64, 8, 1), "group", seeds=[0])
+        G.Net((64, 8, 1), "group", seed=0)
     with pytest.raises(TypeError, match="seeds"):
-        G.EnsembleNet((64, 8, 1), "none", seeds=3)
+        G.critic("none", seeds=3)
+    with pytest.raises(ValueError, match="seed"):
+        G.vae("none", seeds=[-1])
     with pytest.raises(ValueError, match="sizes"):
-        G.EnsembleNet((64,), "none", seeds=[0])
+        G.Net((64,), "none", seed=0)
     net = G.critic("none", seeds=[0, 1], hidden=(8,))
     with pytest.raises(ValueError, match="x must have shape"):
         net(torch.zeros(3, 4, 64))
@@ -223,6 +271,13 @@ def test_bad_input_names_the_argument():
         G.frechet_distance(np.zeros((5, 3)), np.zeros((5, 4)))
     with pytest.raises(TypeError, match="vae"):
         G.train_vae(net, torch.zeros(10, 64), steps=1)
+    plain = G.Net((16, 8, 64), seed=0)
+    with pytest.raises(TypeError, match="stack"):  # training needs the members' seeds
+        G.train_wgan_gp(plain, G.Net((64, 8, 1), seed=0), torch.zeros(10, 64), steps=1)
+    with pytest.raises(TypeError, match="stack"):
+        G.train_wgan_gp(seeds.stack([plain]), net, torch.zeros(10, 64), steps=1)
+    with pytest.raises(ValueError, match="x must have shape"):
+        plain(torch.zeros(1, 4, 16))
 
 
 def test_batch_norm_penalty_is_that_of_the_summed_scores_gradient():
@@ -252,9 +307,12 @@ def test_sample_leaves_running_statistics_alone():
 
 def test_a_dcgan_style_critic_has_no_norm_on_its_first_layer_and_still_couples():
     crit = G.critic("batch", seeds=[0, 1], hidden=(16, 16), first_norm=False)
-    names = dict(crit.named_parameters()) | dict(crit.named_buffers())
-    assert "gain0" not in names and "running_mean0" not in names and "gain1" in names and "running_mean1" in names
-    assert isinstance(names["bias0"], torch.nn.Parameter)  # a Linear layer without a norm keeps its bias
+    plain = G.Net((64, 16, 16, 1), "batch", seed=0, activation="leaky_relu", first_norm=False)
+    kinds = [type(m) for m in plain.layers]
+    assert kinds == [torch.nn.Linear, torch.nn.LeakyReLU, torch.nn.Linear, norms.MaskedBatchNorm1d, torch.nn.LeakyReLU,
+                     torch.nn.Linear]
+    assert plain.layers[0].bias is not None and plain.layers[2].bias is None  # only a Linear layer before a norm drops it
+    assert crit.layers[0].bias.shape == (2, 16) and crit.layers[3].running_mean.shape == (2, 16)
     jac = G.batch_jacobian(crit, toy_images(6))
     assert (jac - torch.diag(torch.diag(jac))).max() > 1e-3
     with pytest.raises(TypeError, match="first_norm"):

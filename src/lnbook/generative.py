@@ -1,19 +1,20 @@
 """Generative models on 8x8 digits with no, batch or layer normalization: WGAN-GP and a VAE.
 
 Chapter 10 asks where batch normalization's coupling of the examples of a batch breaks a
-generative model's objective. Every network here is an ensemble, as in :mod:`lnbook.ensemble`:
-``members`` independently initialized MLPs side by side, with a leading member axis on every
-weight, so that five seeds train in little more time than one. Member ``s`` is initialized from
-its own seed and draws its own mini-batches and noise, and the loss is the sum of the members'
-losses, so Adam (which acts element by element) updates each member exactly as it would be
-updated alone.
+generative model's objective. Every network here is written for one seed (:class:`Net`,
+:class:`VAE`), and the chapter trains several seeds of it as one model, stacked by
+:func:`lnbook.seeds.stack` (:func:`generator`, :func:`critic` and :func:`vae` build the
+stacks): every weight, gain and running statistic gains a leading member axis, so that five
+seeds train in little more time than one. Member ``s`` is initialized from its own seed and
+draws its own mini-batches and noise, and the loss is the sum of the members' losses, so Adam
+(which acts element by element) updates each member as it would be updated alone.
 
-- :class:`EnsembleNet`: ``[Linear -> norm -> activation] * hidden -> Linear`` with norm
-  ``"none"``, ``"batch"`` (statistics over the member's batch) or ``"layer"`` (over each
-  example's features); :func:`generator` and :func:`critic` build the two halves of a GAN.
+- :class:`Net`: ``[Linear -> norm -> activation] * hidden -> Linear`` with norm ``"none"``,
+  ``"batch"`` (statistics over the member's batch) or ``"layer"`` (over each example's
+  features); :func:`generator` and :func:`critic` stack one per seed into the two halves of a GAN.
 - :func:`gradient_penalty` and :func:`train_wgan_gp`: Gulrajani et al.'s WGAN-GP.
-- :class:`EnsembleVAE`, :func:`elbo` and :func:`train_vae`: Kingma and Welling's VAE with a
-  Bernoulli decoder.
+- :class:`VAE` (stacked by :func:`vae`), :func:`elbo` and :func:`train_vae`: Kingma and
+  Welling's VAE with a Bernoulli decoder.
 - :func:`batch_jacobian`: how much each output of a batch depends on each input;
   :func:`frechet_distance` and :func:`class_coverage` score samples.
 """
@@ -28,21 +29,26 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import seeds as seed_axis
 from ._checks import check_bool, check_choice, check_float_tensor, check_number, check_positive_int, describe
 from .functional import layer_norm
+from .norms import MaskedBatchNorm1d
 
 NORMS = ("none", "batch", "layer")
 ACTIVATIONS = ("relu", "leaky_relu")
 OUTPUTS = ("none", "tanh")
 
 
+def _check_seed(seed: object, name: str = "seed") -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**31:
+        raise ValueError(f"{name} must be an int in [0, 2**31), got {describe(seed)}")
+    return int(seed)
+
+
 def _check_seeds(seeds: Sequence[int], name: str = "seeds") -> list[int]:
     if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence) or not seeds:
         raise TypeError(f"{name} must be a non-empty sequence of ints, one per member, got {describe(seeds)}")
-    for s in seeds:
-        if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or not 0 <= s < 2**31:
-            raise ValueError(f"{name} must hold ints in [0, 2**31), got {describe(seeds)}")
-    return [int(s) for s in seeds]
+    return [_check_seed(s, name) for s in seeds]
 
 
 def _stream(seed: int) -> torch.Generator:
@@ -51,29 +57,74 @@ def _stream(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(1_000_003 * (seed + 1))
 
 
-class EnsembleNet(nn.Module):
-    """``len(seeds)`` MLPs ``[Linear -> norm -> activation] * (len(sizes) - 2) -> Linear``, side by side.
+def _stacked(make: Callable[[int], nn.Module], seeds: Sequence[int]) -> nn.Module:
+    """``make(seed)`` for every seed, stacked by :func:`lnbook.seeds.stack`; the stack keeps
+    its members' seeds as ``seeds`` (the training functions derive each member's noise from them)."""
+    seeds = _check_seeds(seeds)
+    model = seed_axis.stack([make(s) for s in seeds])
+    model.seeds = seeds
+    return model
+
+
+def _members(model: nn.Module) -> int:
+    """How many members a stack made by :func:`generator`, :func:`critic` or :func:`vae` holds."""
+    s = seed_axis.members(model)
+    if s is None or not isinstance(getattr(model, "seeds", None), list):
+        raise TypeError(f"expected a stack of seeds made by generator(), critic() or vae(), got a plain {type(model).__name__}")
+    return s
+
+
+class _BookLayerNorm(nn.Module):
+    """Layer normalization standardized by :func:`lnbook.functional.layer_norm` (the book's
+    hand-written backward, twice differentiable), then a gain and a shift per feature.
+
+    :func:`lnbook.seeds.stack` swaps lnbook's norm layers for its own, which standardize with
+    torch's fused kernel; this module is none of them, so the stack keeps it and gives its gain
+    and shift a seed axis, ``(S, F)``: a stacked critic still differentiates through the book's
+    function. Shapes: ``x (*, B, F)`` -> the same; ``weight``, ``bias`` ``(F,)``, or ``(S, F)``
+    in a stack, where ``x`` is ``(S, B, F)``.
+    """
+
+    def __init__(self, features: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(features))
+        self.bias = nn.Parameter(torch.zeros(features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = layer_norm(x, x.shape[-1:], eps=self.eps)
+        return y * self.weight.unsqueeze(-2) + self.bias.unsqueeze(-2)
+
+
+class Net(nn.Module):
+    """One seed's MLP, ``[Linear -> norm -> activation] * (len(sizes) - 2) -> Linear`` (the
+    layers in ``self.layers``, an ``nn.Sequential``); :func:`generator` and :func:`critic`
+    stack one per seed with :func:`lnbook.seeds.stack`.
 
     Args:
         sizes: ``(in_features, hidden..., out_features)``.
-        norm: ``"none"``; ``"batch"``: each feature normalized with the mean and biased variance
-            of the member's batch in training (running averages of the mean and the unbiased
-            variance, with ``momentum``, as ``torch.nn.BatchNorm1d`` keeps them) and with the
-            running averages in eval mode; ``"layer"``: each example normalized over its
-            features. Both with a gain and a shift per feature. A Linear layer that feeds a
-            batch norm has no bias (the norm subtracts it).
-        seeds: one per member; member ``s`` draws its weights as ``torch.nn.Linear`` does,
-            ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``, from a generator seeded with ``seeds[s]``.
+        norm: ``"none"``; ``"batch"``: :class:`lnbook.norms.MaskedBatchNorm1d`, each feature
+            normalized with the mean and biased variance of the batch in training (running
+            averages of the mean and the unbiased variance, with ``momentum``, as
+            ``torch.nn.BatchNorm1d`` keeps them) and with the running averages in eval mode;
+            ``"layer"``: each example normalized over its features. Both with a gain and a
+            shift per feature. A Linear layer that feeds a batch norm has no bias (the norm
+            subtracts it).
+        seed: the weights are drawn as ``torch.nn.Linear`` draws them,
+            ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``, from a generator seeded with ``seed``
+            (each layer's ``(in, out)`` weight, then its bias, also where a batch norm drops it).
         activation: ``"relu"`` or ``"leaky_relu"`` (slope 0.2).
         output: ``"none"`` or ``"tanh"`` after the last Linear layer.
         first_norm: ``False`` leaves the first hidden layer without a norm (DCGAN's
             discriminator, whose input layer has no batch norm).
-        native: for ``norm="layer"``, standardize with torch's fused ``layer_norm`` (fewer
-            operators) or, ``False``, with :func:`lnbook.functional.layer_norm` (the book's
-            hand-written backward, twice differentiable): the same numbers up to rounding.
+        native: for ``norm="layer"``, standardize with torch's fused ``layer_norm``
+            (``torch.nn.LayerNorm``, fewer operators) or, ``False``, with
+            :func:`lnbook.functional.layer_norm` (the book's hand-written backward, twice
+            differentiable), in a stack too: the same numbers up to rounding.
 
-    Shapes: ``x (members, B, in_features)`` (member ``s`` sees ``x[s]``) or ``(B, in_features)``,
-    the same batch for every member; output ``(members, B, out_features)``.
+    Shapes: ``x (B, in_features)`` -> ``(B, out_features)``. Stacked (``S`` members):
+    ``x (S, B, in_features)`` (member ``s`` sees ``x[s]``) or ``(B, in_features)``, the same
+    batch for every member, -> ``(S, B, out_features)``.
 
     A training-mode batch norm on a batch of one normalizes with that example's own statistics,
     so every feature becomes its shift whatever the input; it leaves the running averages as
@@ -85,7 +136,7 @@ class EnsembleNet(nn.Module):
         sizes: Sequence[int],
         norm: str = "none",
         *,
-        seeds: Sequence[int],
+        seed: int,
         activation: str = "relu",
         output: str = "none",
         first_norm: bool = True,
@@ -105,94 +156,95 @@ class EnsembleNet(nn.Module):
         self.native = check_bool(native, "native")
         self.momentum = check_number(momentum, "momentum", "a number in [0, 1]", lambda v: 0 <= v <= 1)
         self.eps = check_number(eps, "eps", "a positive number", lambda v: v > 0)
-        self.seeds = _check_seeds(seeds)
         self.sizes = tuple(int(s) for s in sizes)
-        e, layers = len(self.seeds), len(self.sizes) - 1
-        gens = [torch.Generator().manual_seed(s) for s in self.seeds]
+        g = torch.Generator().manual_seed(_check_seed(seed))
+        count, layers = len(self.sizes) - 1, []
         for i, (fan_in, fan_out) in enumerate(zip(self.sizes, self.sizes[1:])):
-            bound = 1 / math.sqrt(fan_in)
-            draw = lambda shape: torch.stack([torch.rand(shape, generator=g) for g in gens]) * 2 * bound - bound  # noqa: E731
-            self.register_parameter(f"weight{i}", nn.Parameter(draw((fan_in, fan_out))))
-            bias = draw((1, fan_out))
-            hidden = i < layers - 1
+            hidden = i < count - 1
             normed = hidden and norm != "none" and (first_norm or i > 0)
-            if normed and norm == "batch":
-                self.register_buffer(f"bias{i}", torch.zeros(e, 1, fan_out))
-            else:
-                self.register_parameter(f"bias{i}", nn.Parameter(bias))
+            linear = nn.utils.skip_init(nn.Linear, fan_in, fan_out, bias=not (normed and norm == "batch"))
+            bound = 1 / math.sqrt(fan_in)
+            weight = torch.rand(fan_in, fan_out, generator=g) * 2 * bound - bound
+            bias = torch.rand(1, fan_out, generator=g) * 2 * bound - bound
+            with torch.no_grad():
+                linear.weight.copy_(weight.T)
+                if linear.bias is not None:
+                    linear.bias.copy_(bias[0])
+            layers.append(linear)
             if normed:
-                self.register_parameter(f"gain{i}", nn.Parameter(torch.ones(e, 1, fan_out)))
-                self.register_parameter(f"shift{i}", nn.Parameter(torch.zeros(e, 1, fan_out)))
-            if normed and norm == "batch":
-                self.register_buffer(f"running_mean{i}", torch.zeros(e, 1, fan_out))
-                self.register_buffer(f"running_var{i}", torch.ones(e, 1, fan_out))
+                layers.append(self._norm_layer(fan_out))
+            if hidden:
+                layers.append(nn.ReLU() if activation == "relu" else nn.LeakyReLU(0.2))
+        if output == "tanh":
+            layers.append(nn.Tanh())
+        self.layers = nn.Sequential(*layers)
 
-    @property
-    def members(self) -> int:
-        return len(self.seeds)
-
-    def _norm(self, h: torch.Tensor, i: int, batch_stats: bool) -> torch.Tensor:
-        if self.norm == "none" or (i == 0 and not self.first_norm):
-            return h
-        if self.norm == "layer":
-            standardize = nn.functional.layer_norm if self.native else layer_norm
-            h = standardize(h, h.shape[-1:], eps=self.eps)
-            return h * getattr(self, f"gain{i}") + getattr(self, f"shift{i}")
-        if batch_stats:
-            mean = h.mean(1, keepdim=True)
-            var = (h - mean).pow(2).mean(1, keepdim=True)
-            n = h.shape[1]
-            if self.training and n > 1:
-                with torch.no_grad():
-                    getattr(self, f"running_mean{i}").lerp_(mean, self.momentum)
-                    getattr(self, f"running_var{i}").lerp_(var * n / (n - 1), self.momentum)
-        else:
-            mean, var = getattr(self, f"running_mean{i}"), getattr(self, f"running_var{i}")
-        return (h - mean) * torch.rsqrt(var + self.eps) * getattr(self, f"gain{i}") + getattr(self, f"shift{i}")
+    def _norm_layer(self, features: int) -> nn.Module:
+        if self.norm == "batch":
+            return MaskedBatchNorm1d(features, eps=self.eps, momentum=self.momentum)
+        return nn.LayerNorm(features, eps=self.eps) if self.native else _BookLayerNorm(features, self.eps)
 
     def forward(self, x: torch.Tensor, batch_stats: bool | None = None) -> torch.Tensor:
-        """``x (members, B, in)`` or ``(B, in)`` -> ``(members, B, out)``. ``batch_stats``
-        (batch norm only): ``None`` follows the mode (batch statistics in training, running
-        ones in eval); ``True`` uses the batch's statistics in either mode (updating the
-        running averages only in training); ``False`` the running ones."""
+        """``x (B, in)``, or in a stack ``(S, B, in)`` or ``(B, in)``, -> ``(B, out)`` or
+        ``(S, B, out)``. ``batch_stats`` (batch norm only): ``None`` follows the mode (batch
+        statistics in training, running ones in eval); ``True`` uses the batch's statistics in
+        either mode (updating the running averages only in training); ``False`` the running ones."""
         check_float_tensor(x, "x")
-        e, f = self.members, self.sizes[0]
-        if x.ndim == 2:
-            x = x.expand(e, *x.shape)
-        if x.ndim != 3 or x.shape[0] != e or x.shape[-1] != f:
-            raise ValueError(f"x must have shape (B, {f}) or ({e}, B, {f}), got {tuple(x.shape)}")
+        s, f = seed_axis.members(self), self.sizes[0]
+        if s is not None and x.ndim == 2:
+            x = x.expand(s, *x.shape)
+        lead = () if s is None else (s,)
+        if x.ndim != len(lead) + 2 or tuple(x.shape[: len(lead)]) != lead or x.shape[-1] != f:
+            expected = f"(B, {f})" + ("" if s is None else f" or ({s}, B, {f})")
+            raise ValueError(f"x must have shape {expected}, got {tuple(x.shape)}")
         use_batch = self.training if batch_stats is None else bool(batch_stats)
-        h, layers = x, len(self.sizes) - 1
-        for i in range(layers):
-            h = torch.baddbmm(getattr(self, f"bias{i}"), h, getattr(self, f"weight{i}"))
-            if i < layers - 1:
-                h = self._norm(h, i, use_batch)
-                h = torch.relu(h) if self.activation == "relu" else nn.functional.leaky_relu(h, 0.2)
-        return torch.tanh(h) if self.output == "tanh" else h
+        norms = [m for m in self.layers if isinstance(getattr(m, "running_mean", None), torch.Tensor)]
+        one = use_batch and x.shape[-2] == 1
+        if not norms or (use_batch == self.training and not one):
+            return self.layers(x)
+        return self._other_statistics(x, norms, use_batch, one)
 
-    def member(self, s: int) -> "EnsembleNet":
-        """Member ``s`` as an ensemble of one (parameters and statistics copied)."""
-        one = EnsembleNet(self.sizes, self.norm, seeds=[self.seeds[s]], activation=self.activation,
-                          output=self.output, first_norm=self.first_norm, momentum=self.momentum, eps=self.eps,
-                          native=self.native)
-        one.load_state_dict({k: v[s : s + 1].clone() for k, v in self.state_dict().items()})
-        return one.train(self.training)
+    def _other_statistics(self, x: torch.Tensor, norms: list[nn.Module], use_batch: bool, one: bool) -> torch.Tensor:
+        """The forward pass with the batch norms in another mode than the network's (batch
+        statistics in eval mode, running ones in training), or with batch statistics on a batch
+        of one. Batch statistics leave the running averages as they were, outside training and
+        on a batch of one. One example's own statistics are its values and a variance of 0;
+        a batch norm refuses a batch of one (as torch's does), so the example goes in twice,
+        a batch with exactly those statistics, and its first copy comes out."""
+        kept = [{k: b.clone() for k, b in m.named_buffers()} for m in norms] if use_batch else []
+        modes = [m.training for m in norms]
+        for m in norms:
+            m.train(use_batch)
+        try:
+            out = self.layers(torch.cat([x, x], -2) if one else x)
+        finally:
+            for m, mode in zip(norms, modes):
+                m.train(mode)
+            with torch.no_grad():
+                for m, state in zip(norms, kept):
+                    for k, b in m.named_buffers():
+                        b.copy_(state[k])
+        return out[..., :1, :] if one else out
 
 
-def generator(norm: str, seeds: Sequence[int], latent: int = 16, hidden: Sequence[int] = (128, 256)) -> EnsembleNet:
-    """A GAN generator: noise ``(members, B, latent)`` -> images ``(members, B, 64)`` in
-    ``[-1, 1]`` (``tanh``), ReLU hidden layers; ``norm="batch"`` is the DCGAN arrangement
+def generator(norm: str, seeds: Sequence[int], latent: int = 16, hidden: Sequence[int] = (128, 256)) -> Net:
+    """A GAN generator for every seed, one :class:`Net` each, stacked by
+    :func:`lnbook.seeds.stack`: noise ``(members, B, latent)`` -> images ``(members, B, 64)``
+    in ``[-1, 1]`` (``tanh``), ReLU hidden layers; ``norm="batch"`` is the DCGAN arrangement
     (a batch norm after every hidden layer, none on the output)."""
-    return EnsembleNet((latent, *hidden, 64), norm, seeds=seeds, activation="relu", output="tanh")
+    return _stacked(lambda s: Net((latent, *hidden, 64), norm, seed=s, activation="relu", output="tanh"), seeds)
 
 
 def critic(
     norm: str, seeds: Sequence[int], hidden: Sequence[int] = (256, 256), first_norm: bool = True, native: bool = True
-) -> EnsembleNet:
-    """A WGAN critic: images ``(members, B, 64)`` -> scores ``(members, B, 1)``, leaky-ReLU
-    hidden layers (slope 0.2), no output activation; ``first_norm=False``: no norm after the
-    first hidden layer (DCGAN's discriminator); ``native`` as :class:`EnsembleNet`'s."""
-    return EnsembleNet((64, *hidden, 1), norm, seeds=seeds, activation="leaky_relu", first_norm=first_norm, native=native)
+) -> Net:
+    """A WGAN critic for every seed, one :class:`Net` each, stacked by
+    :func:`lnbook.seeds.stack`: images ``(members, B, 64)`` -> scores ``(members, B, 1)``,
+    leaky-ReLU hidden layers (slope 0.2), no output activation; ``first_norm=False``: no norm
+    after the first hidden layer (DCGAN's discriminator); ``native`` as :class:`Net`'s (``False``
+    keeps :func:`lnbook.functional.layer_norm` in the stack)."""
+    return _stacked(lambda s: Net((64, *hidden, 1), norm, seed=s, activation="leaky_relu", first_norm=first_norm,
+                                  native=native), seeds)
 
 
 def gradient_penalty(
@@ -252,8 +304,8 @@ def _check_data(data: object, features: int, name: str = "data") -> torch.Tensor
 
 
 def train_wgan_gp(
-    gen: EnsembleNet,
-    crit: EnsembleNet,
+    gen: Net,
+    crit: Net,
     data: torch.Tensor,
     *,
     steps: int,
@@ -264,9 +316,10 @@ def train_wgan_gp(
     gp_weight: float = 10.0,
     joint: bool = False,
     eval_every: int | None = None,
-    evaluate: Callable[[EnsembleNet], dict[str, np.ndarray]] | None = None,
+    evaluate: Callable[[Net], dict[str, np.ndarray]] | None = None,
 ) -> GANHistory:
-    """Train every member pair (``gen`` member ``s`` against ``crit`` member ``s``) with WGAN-GP.
+    """Train every member pair (``gen`` member ``s`` against ``crit`` member ``s``, stacks made
+    by :func:`generator` and :func:`critic`) with WGAN-GP.
 
     Gulrajani et al.'s Algorithm 1: per generator step, ``n_critic`` critic steps on
     ``mean D(fake) - mean D(real) + gp_weight * mean penalty`` with fresh real mini-batches
@@ -283,10 +336,11 @@ def train_wgan_gp(
     ``eval_every`` generator steps and after the last, with both networks in eval mode, and
     returns a dict of per-member arrays ``(members,)``.
     """
-    if not isinstance(gen, EnsembleNet) or not isinstance(crit, EnsembleNet):
-        raise TypeError("gen and crit must be EnsembleNet (see generator() and critic())")
-    if gen.members != crit.members or gen.sizes[-1] != crit.sizes[0] or crit.sizes[-1] != 1:
-        raise ValueError(f"gen and crit must have the same members and fit together, got sizes {gen.sizes} and {crit.sizes}")
+    if not isinstance(gen, Net) or not isinstance(crit, Net):
+        raise TypeError("gen and crit must be stacked Nets (see generator() and critic())")
+    if _members(gen) != _members(crit) or gen.sizes[-1] != crit.sizes[0] or crit.sizes[-1] != 1:
+        raise ValueError(f"gen and crit must have the same members and fit together, got {_members(gen)} members of sizes "
+                         f"{gen.sizes} and {_members(crit)} of sizes {crit.sizes}")
     _check_data(data, crit.sizes[0])
     for value, name in ((steps, "steps"), (n_critic, "n_critic"), (batch_size, "batch_size")):
         check_positive_int(value, name)
@@ -295,7 +349,7 @@ def train_wgan_gp(
     check_bool(joint, "joint")
     if eval_every is not None:
         check_positive_int(eval_every, "eval_every")
-    e, latent, dev = gen.members, gen.sizes[0], data.device
+    e, latent, dev = _members(gen), gen.sizes[0], data.device
     gens = [_stream(s) for s in gen.seeds]
     opt_g = torch.optim.Adam(gen.parameters(), lr=lr, betas=betas)
     opt_c = torch.optim.Adam(crit.parameters(), lr=lr, betas=betas)
@@ -342,49 +396,44 @@ def train_wgan_gp(
     return history
 
 
-def sample(gen: EnsembleNet, n: int, seed: int = 0, batch_stats: bool | None = None) -> torch.Tensor:
-    """``n`` images from every member ``(members, n, 64)``, from the same noise for every
-    member (drawn from ``seed``), without gradients. ``batch_stats`` as in
-    :meth:`EnsembleNet.forward` (a batch-norm generator in eval mode uses its running
-    statistics unless ``batch_stats=True``); running averages are never updated here."""
+def sample(gen: Net, n: int, seed: int = 0, batch_stats: bool | None = None) -> torch.Tensor:
+    """``n`` images from every member of a stacked generator ``(members, n, 64)``, from the
+    same noise for every member (drawn from ``seed``), without gradients. ``batch_stats`` as in
+    :meth:`Net.forward` (a batch-norm generator in eval mode uses its running statistics
+    unless ``batch_stats=True``); running averages are never updated here."""
     check_positive_int(n, "n")
     z = torch.randn(n, gen.sizes[0], generator=torch.Generator().manual_seed(seed))  # on the CPU: the same on any device
     was_training = gen.training
     gen.eval()
     with torch.no_grad():
-        out = gen(z.to(gen.weight0.device), batch_stats=batch_stats)
+        out = gen(z.to(next(gen.parameters()).device), batch_stats=batch_stats)
     gen.train(was_training)
     return out
 
 
-class EnsembleVAE(nn.Module):
-    """``len(seeds)`` VAEs side by side (Kingma and Welling): an encoder
-    ``64 -> hidden -> (mu, log sigma^2)`` of a diagonal Gaussian ``q(z|x)`` over ``latent``
-    dimensions and a decoder ``latent -> hidden -> 64`` Bernoulli logits, each an
-    :class:`EnsembleNet` with ``norm`` after every hidden layer (encoder and decoder alike).
+class VAE(nn.Module):
+    """One seed's VAE (Kingma and Welling): an encoder ``64 -> hidden -> (mu, log sigma^2)`` of
+    a diagonal Gaussian ``q(z|x)`` over ``latent`` dimensions and a decoder ``latent -> hidden
+    -> 64`` Bernoulli logits, each a :class:`Net` with ``norm`` after every hidden layer
+    (encoder and decoder alike), the encoder's weights drawn from ``seed``, the decoder's from
+    ``seed + 2**30``; :func:`vae` stacks one per seed with :func:`lnbook.seeds.stack`.
 
-    :meth:`forward` takes ``x (members, B, 64)`` or ``(B, 64)`` and noise ``(members, B,
-    latent)`` and returns ``(logits (members, B, 64), mu, logvar (members, B, latent))``.
+    :meth:`forward` takes ``x (B, 64)`` and noise ``(B, latent)`` and returns ``(logits (B,
+    64), mu, logvar (B, latent))``; in a stack of ``S`` members ``x (S, B, 64)`` or ``(B, 64)``
+    and noise ``(S, B, latent)``, and every output gains the leading ``S``.
     """
 
-    def __init__(self, norm: str, seeds: Sequence[int], latent: int = 8, hidden: Sequence[int] = (128,)) -> None:
+    def __init__(self, norm: str = "none", *, seed: int, latent: int = 8, hidden: Sequence[int] = (128,)) -> None:
         super().__init__()
-        seeds = _check_seeds(seeds)
+        seed = _check_seed(seed)
         check_positive_int(latent, "latent")
         self.latent = latent
-        self.encoder = EnsembleNet((64, *hidden, 2 * latent), norm, seeds=seeds)
-        self.decoder = EnsembleNet((latent, *hidden, 64), norm, seeds=[s + 2**30 for s in seeds])
-
-    @property
-    def members(self) -> int:
-        return self.encoder.members
-
-    @property
-    def norm(self) -> str:
-        return self.encoder.norm
+        self.encoder = Net((64, *hidden, 2 * latent), norm, seed=seed)
+        self.decoder = Net((latent, *hidden, 64), norm, seed=seed + 2**30)
+        self.norm = self.encoder.norm
 
     def encode(self, x: torch.Tensor, batch_stats: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(mu, logvar)``, each ``(members, B, latent)``."""
+        """``(mu, logvar)``, each ``(B, latent)``, or ``(members, B, latent)`` in a stack."""
         mu, logvar = self.encoder(x, batch_stats).chunk(2, dim=-1)
         return mu, logvar
 
@@ -398,12 +447,20 @@ class EnsembleVAE(nn.Module):
         return self.decoder(z, batch_stats), mu, logvar
 
 
+def vae(norm: str, seeds: Sequence[int], latent: int = 8, hidden: Sequence[int] = (128,)) -> VAE:
+    """A :class:`VAE` for every seed, stacked by :func:`lnbook.seeds.stack`: ``x (members, B,
+    64)`` or ``(B, 64)`` and noise ``(members, B, latent)`` -> ``(logits (members, B, 64), mu,
+    logvar (members, B, latent))``."""
+    return _stacked(lambda s: VAE(norm, seed=s, latent=latent, hidden=hidden), seeds)
+
+
 def elbo(
-    vae: EnsembleVAE, x: torch.Tensor, noise: torch.Tensor, batch_stats: bool | None = None
+    vae: VAE, x: torch.Tensor, noise: torch.Tensor, batch_stats: bool | None = None
 ) -> torch.Tensor:
     """The per-example evidence lower bound ``E_q[log p(x|z)] - KL(q(z|x) || N(0, I))`` in nats,
-    ``(members, B)``: one sample ``z`` per example (the reparameterization with ``noise
-    (members, B, latent)``), the Gaussian KL in closed form. ``x`` holds binary pixels."""
+    ``(members, B)`` (``(B,)`` for one plain VAE): one sample ``z`` per example (the
+    reparameterization with ``noise (members, B, latent)``), the Gaussian KL in closed form.
+    ``x`` holds binary pixels."""
     logits, mu, logvar = vae(x, noise, batch_stats)
     target = x.expand_as(logits)
     log_lik = -nn.functional.binary_cross_entropy_with_logits(logits, target, reduction="none").sum(-1)
@@ -411,38 +468,39 @@ def elbo(
     return log_lik - kl
 
 
-def heldout_elbo(vae: EnsembleVAE, x: torch.Tensor, samples: int = 10, seed: int = 0,
+def heldout_elbo(vae: VAE, x: torch.Tensor, samples: int = 10, seed: int = 0,
                  batch_stats: bool | None = None) -> torch.Tensor:
     """The mean ELBO (nats per example) of ``x (N, 64)`` for every member ``(members,)``,
     averaged over ``samples`` noise draws (from ``seed``, the same for every member), without
-    gradients, in the VAE's current mode (``batch_stats`` as in :meth:`EnsembleNet.forward`;
-    the whole of ``x`` is one batch)."""
+    gradients, in the VAE's current mode (``batch_stats`` as in :meth:`Net.forward`;
+    the whole of ``x`` is one batch). A plain VAE gives one number ``()``."""
     _check_data(x, 64, "x")
     check_positive_int(samples, "samples")
-    g = torch.Generator().manual_seed(seed)
+    s, g = seed_axis.members(vae), torch.Generator().manual_seed(seed)
+    shape = (len(x), vae.latent) if s is None else (s, len(x), vae.latent)
     with torch.no_grad():
-        vals = [elbo(vae, x, torch.randn(vae.members, len(x), vae.latent, generator=g).to(x.device), batch_stats).mean(1)
-                for _ in range(samples)]
+        vals = [elbo(vae, x, torch.randn(shape, generator=g).to(x.device), batch_stats).mean(-1) for _ in range(samples)]
     return torch.stack(vals).mean(0)
 
 
 def train_vae(
-    vae: EnsembleVAE, data: torch.Tensor, *, steps: int, batch_size: int = 64, lr: float = 1e-3
+    vae: VAE, data: torch.Tensor, *, steps: int, batch_size: int = 64, lr: float = 1e-3
 ) -> np.ndarray:
-    """Train every member with Adam on the negative mean ELBO of mini-batches of ``data (N, 64)``
-    (binary pixels), each member drawing its batches (with replacement) and noise from a
-    generator derived from its encoder's seed. Returns the training ELBO of every step
+    """Train every member of a stack made by :func:`vae` with Adam on the negative mean ELBO of
+    mini-batches of ``data (N, 64)`` (binary pixels), each member drawing its batches (with
+    replacement) and noise from a generator derived from its seed. Returns the training ELBO of every step
     ``(members, steps)`` (nats per example)."""
-    if not isinstance(vae, EnsembleVAE):
-        raise TypeError(f"vae must be an EnsembleVAE, got {type(vae).__name__}")
+    if not isinstance(vae, VAE):
+        raise TypeError(f"vae must be a stack of VAEs made by vae(), got {type(vae).__name__}")
+    e = _members(vae)
     _check_data(data, 64)
     check_positive_int(steps, "steps")
     check_positive_int(batch_size, "batch_size")
     check_number(lr, "lr", "a positive number", lambda v: v > 0)
-    gens = [_stream(s) for s in vae.encoder.seeds]
+    gens = [_stream(s) for s in vae.seeds]
     opt = torch.optim.Adam(vae.parameters(), lr=lr)
     vae.train()
-    out = torch.zeros(vae.members, steps)
+    out = torch.zeros(e, steps)
     for step in range(steps):
         x = data[_batches(len(data), batch_size, gens, data.device)]
         value = elbo(vae, x, _noise((batch_size, vae.latent), gens, data.device)).mean(1)
