@@ -1,6 +1,5 @@
 """lnbook.ensemble: many seeds as one model, each member exactly as if trained alone: EnsembleRNN and
-fit, EnsembleMLP and fit_mlp (which follows lnbook.train.fit member by member; a learning rate per
-member is SGD at that rate)."""
+fit. (Chapter 01's stacked MLPs are lnbook.seeds', tested in test_seeds.)"""
 
 import copy
 
@@ -8,8 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from lnbook import ensemble, models, train, utils
-from lnbook.utils import seed_everything
+from lnbook import ensemble, utils
 
 
 def toy(n=12, steps=5, features=3, seed=0):
@@ -150,97 +148,6 @@ def test_eval_every_and_max_steps():
                      max_steps=7, eval_every=3)
     assert h.eval_steps == [3, 6, 7] and h.test_acc.shape == (3, 2) and h.step_loss.shape == (7, 2)
     assert np.isfinite(h.step_loss).all()
-
-
-def mlps(norm, seeds, in_features=12, hidden=(8, 8), classes=3):
-    nets = []
-    for seed in seeds:
-        seed_everything(seed)
-        nets.append(models.MLP(in_features, hidden, classes, norm))
-    return nets
-
-
-def toy_data(n=40, in_features=12, classes=3, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, in_features, generator=g) * 2 + 1
-    return x, torch.randint(classes, (n,), generator=g)
-
-
-@pytest.mark.parametrize("norm", ensemble.MLP_NORMS)
-def test_each_member_computes_what_its_mlp_computes(norm):
-    nets = mlps(norm, [0, 1, 2])
-    stacked = ensemble.EnsembleMLP(nets)
-    x = torch.randn(3, 10, 12)
-    out = stacked(x)  # training mode: batch statistics of each member's own batch
-    assert out.shape == (3, 10, 3)
-    alone = [net(x[s]) for s, net in enumerate(nets)]
-    for s in range(3):
-        torch.testing.assert_close(out[s], alone[s], rtol=1e-5, atol=1e-5)
-    out.sum().backward()
-    for s, net in enumerate(nets):
-        alone[s].sum().backward()
-        torch.testing.assert_close(stacked.weights[0].grad[s], net.net[1].weight.grad.T, rtol=1e-4, atol=1e-5)
-    stacked.eval()
-    for net in nets:
-        net.eval()
-    out = stacked(x)  # eval: the running statistics, moved once by the training pass above
-    for s, net in enumerate(nets):
-        torch.testing.assert_close(out[s], net(x[s]), rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("norm", ensemble.MLP_NORMS)
-def test_fit_stacked_follows_fit_member_by_member(norm):
-    data, test = toy_data(), toy_data(seed=1)
-    seeds = [3, 4]
-    stacked = ensemble.EnsembleMLP(mlps(norm, seeds))
-    histories = ensemble.fit_mlp(stacked, data, test, epochs=2, lr=0.05, batch_size=16, seeds=seeds)
-    for s, (seed, net) in enumerate(zip(seeds, mlps(norm, seeds))):
-        alone = train.fit(net, data, test, epochs=2, lr=0.05, batch_size=16, seed=seed, optimizer="sgd")
-        assert histories[s].steps_per_epoch == alone.steps_per_epoch == 3
-        np.testing.assert_allclose(histories[s].step_loss, alone.step_loss, rtol=1e-4, atol=1e-5)
-        assert histories[s].test_acc == alone.test_acc
-        back = stacked.to_models()[s]
-        mine, theirs = back.state_dict(), net.state_dict()
-        for key in [k for k in theirs if not k.endswith("num_batches_tracked")]:
-            torch.testing.assert_close(mine[key], theirs[key], rtol=1e-4, atol=1e-5)
-
-
-def test_a_learning_rate_per_member_is_sgd_at_that_rate():
-    data, test = toy_data(), toy_data(seed=1)
-    together = ensemble.fit_mlp(ensemble.EnsembleMLP(mlps("batch", [0, 0])), data, test, epochs=2,
-                                  lr=[0.01, 0.1], batch_size=16, seeds=[0, 0])
-    for s, lr in enumerate([0.01, 0.1]):
-        alone = ensemble.fit_mlp(ensemble.EnsembleMLP(mlps("batch", [0])), data, test, epochs=2, lr=lr,
-                                   batch_size=16, seeds=[0])
-        np.testing.assert_allclose(together[s].step_loss, alone[0].step_loss, rtol=1e-4, atol=1e-5)
-    assert together[0].step_loss != together[1].step_loss
-
-
-def test_norm_after_relu_is_another_arrangement():
-    nets = mlps("batch", [0])
-    after = ensemble.EnsembleMLP(nets, norm_first=False)
-    x = torch.randn(1, 10, 12)
-    lin1, bn1, _, lin2, bn2, _, out = list(nets[0].net)[1:]
-    expected = out(bn2(torch.relu(lin2(bn1(torch.relu(lin1(x[0])))))))
-    torch.testing.assert_close(after(x)[0], expected, rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="norm_first"):
-        after.to_models()
-
-
-def test_mlp_ensemble_bad_input_names_the_argument():
-    with pytest.raises(TypeError, match="mlps"):
-        ensemble.EnsembleMLP([torch.nn.Linear(2, 2)])
-    with pytest.raises(ValueError, match="norm"):
-        ensemble.EnsembleMLP(mlps("rms", [0]))
-    with pytest.raises(ValueError, match="constructor"):
-        ensemble.EnsembleMLP(mlps("none", [0]) + [models.MLP(12, (8,), 3)])
-    stacked = ensemble.EnsembleMLP(mlps("none", [0, 1]))
-    with pytest.raises(ValueError, match="x must have shape"):
-        stacked(torch.randn(3, 4, 12))
-    with pytest.raises(ValueError, match="seeds"):
-        ensemble.fit_mlp(stacked, toy_data(), toy_data(), epochs=1, lr=0.1, batch_size=8, seeds=[0])
-    with pytest.raises(ValueError, match="lr"):
-        ensemble.fit_mlp(stacked, toy_data(), toy_data(), epochs=1, lr=-1.0, batch_size=8, seeds=[0, 1])
 
 
 def test_the_initial_gain_is_a_setting():

@@ -1,4 +1,4 @@
-"""Many seeds trained as one model: networks whose weights have a leading member axis.
+"""Many seeds trained as one model: recurrent networks whose weights have a leading member axis.
 
 Tiny networks on a CPU are bound by the overhead of each tensor operation, not by
 arithmetic, so ten independently initialized networks stacked along a first axis train in
@@ -8,16 +8,14 @@ gradient is the one it would get alone, and Adam or SGD, which act element by el
 update each exactly as separate optimizers would (gradient clipping is per member too).
 
 :class:`EnsembleRNN` (chapter 02's recurrent networks, trained by :func:`fit`) and
-:class:`EnsembleMLP` (chapter 01's :class:`~lnbook.models.MLP`, trained by :func:`fit_mlp`
-as :func:`lnbook.train.fit` would train each member alone); :func:`accuracy` for both.
+:func:`accuracy`. Chapter 01's MLPs are stacked by :func:`lnbook.seeds.stack` and trained by
+:func:`lnbook.seeds.fit`.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,11 +24,9 @@ from torch import nn
 
 from ._checks import check_bool, check_choice, check_int, check_number, check_positive_int, describe
 from .data import Dataset
-from .models import MLP, mlp_layers
-from .train import History, clip_member_grads, evaluating
+from .train import clip_member_grads, evaluating
 
 NORMS = ("none", "layer", "batch", "batch_unmasked", "batch_per_step")  # EnsembleRNN's
-MLP_NORMS = ("none", "batch", "layer")  # EnsembleMLP's
 ORDERS = ("random", "bucketed")
 
 
@@ -188,100 +184,6 @@ class EnsembleRNN(nn.Module):
         return x, lengths
 
 
-class EnsembleMLP(nn.Module):
-    """``S`` copies of :class:`lnbook.models.MLP` (norm ``"none"``, ``"batch"`` or ``"layer"``)
-    run side by side, each with its own weights, norm parameters and running statistics.
-
-    Built from a list of MLPs with the same constructor arguments (typically one per seed),
-    whose parameters it copies. Input ``x (S, B, in_features)`` (member ``s`` sees ``x[s]``),
-    output logits ``(S, B, n_classes)``. ``"batch"`` normalizes each member's features with the
-    mean and biased variance of its own batch in training (moving unbiased running averages as
-    ``nn.BatchNorm1d`` does) and with its running statistics in eval; ``"layer"`` normalizes
-    each example over its features. ``norm_first=False`` puts the norm after the ReLU instead
-    of before it (an arrangement :class:`~lnbook.models.MLP` does not build).
-    """
-
-    def __init__(self, mlps: Sequence[MLP], norm_first: bool = True) -> None:
-        super().__init__()
-        if not isinstance(mlps, Sequence) or not mlps or not all(isinstance(m, MLP) for m in mlps):
-            raise TypeError("mlps must be a non-empty sequence of lnbook.models.MLP")
-        if any(m.init_args != mlps[0].init_args for m in mlps):
-            raise ValueError("mlps must all have the same constructor arguments")
-        self.norm = mlps[0].norm
-        if self.norm not in MLP_NORMS:
-            raise ValueError(f"mlps' norm must be one of {MLP_NORMS}, got {describe(self.norm)}")
-        self.norm_first = check_bool(norm_first, "norm_first")
-        self.init_args = mlps[0].init_args
-        layers = [mlp_layers(m) for m in mlps]
-        stack = lambda tensors: nn.Parameter(torch.stack([t.detach() for t in tensors]).clone())  # noqa: E731
-        self.weights = nn.ParameterList(stack([ls[0][i].weight.T for ls in layers]) for i in range(len(layers[0][0])))
-        self.biases = nn.ParameterList(stack([ls[0][i].bias[None] for ls in layers]) for i in range(len(layers[0][0])))
-        hidden = range(len(layers[0][1]))
-        self.gains = nn.ParameterList(stack([ls[1][i].weight[None] for ls in layers]) for i in hidden) if self.norm != "none" else None
-        self.shifts = nn.ParameterList(stack([ls[1][i].bias[None] for ls in layers]) for i in hidden) if self.norm != "none" else None
-        first = layers[0][1][0] if self.norm != "none" else None
-        self.eps = first.eps if first is not None else 0.0
-        self.momentum = first.momentum if self.norm == "batch" else 0.0
-        if self.norm == "batch":
-            for i in hidden:
-                for name in ("running_mean", "running_var"):
-                    self.register_buffer(f"{name}{i}", torch.stack([getattr(ls[1][i], name)[None] for ls in layers]).clone())
-
-    @property
-    def members(self) -> int:
-        return self.weights[0].shape[0]
-
-    def _norm(self, h: torch.Tensor, i: int) -> torch.Tensor:
-        if self.norm == "layer":
-            mean, var = h.mean(-1, keepdim=True), h.var(-1, unbiased=False, keepdim=True)
-        elif self.training:
-            mean, var = h.mean(1, keepdim=True), h.var(1, unbiased=False, keepdim=True)
-            n = h.shape[1]
-            with torch.no_grad():
-                getattr(self, f"running_mean{i}").lerp_(mean, self.momentum)
-                getattr(self, f"running_var{i}").lerp_(var * n / (n - 1), self.momentum)
-        else:
-            mean, var = getattr(self, f"running_mean{i}"), getattr(self, f"running_var{i}")
-        return (h - mean) * torch.rsqrt(var + self.eps) * self.gains[i] + self.shifts[i]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.ndim < 3 or x.shape[0] != self.members:
-            raise ValueError(f"x must have shape ({self.members}, B, ...), one batch per member, got {tuple(x.shape)}")
-        h = x.flatten(2)
-        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
-            h = torch.baddbmm(b, h, w)
-            if i == len(self.weights) - 1:
-                return h
-            if self.norm != "none" and self.norm_first:
-                h = self._norm(h, i)
-            h = torch.relu(h)
-            if self.norm != "none" and not self.norm_first:
-                h = self._norm(h, i)
-
-    def to_models(self) -> list[MLP]:
-        """The members as separate :class:`~lnbook.models.MLP` (parameters and running
-        statistics copied); only for ``norm_first=True``, the arrangement MLP builds."""
-        if not self.norm_first:
-            raise ValueError("to_models needs norm_first=True: lnbook.models.MLP puts the norm before the ReLU")
-        args, kwargs = self.init_args
-        out = []
-        for s in range(self.members):
-            model = MLP(*args, **kwargs).to(self.weights[0].device)
-            linears, norms = mlp_layers(model)
-            with torch.no_grad():
-                for i, lin in enumerate(linears):
-                    lin.weight.copy_(self.weights[i][s].T)
-                    lin.bias.copy_(self.biases[i][s, 0])
-                for i, norm in enumerate(norms if self.norm != "none" else []):
-                    norm.weight.copy_(self.gains[i][s, 0])
-                    norm.bias.copy_(self.shifts[i][s, 0])
-                    if self.norm == "batch":
-                        norm.running_mean.copy_(getattr(self, f"running_mean{i}")[s, 0])
-                        norm.running_var.copy_(getattr(self, f"running_var{i}")[s, 0])
-            out.append(model)
-        return out
-
-
 @dataclass
 class EnsembleHistory:
     """What :func:`fit` measured, one column per member: ``step_loss (steps, E)``; test
@@ -292,16 +194,14 @@ class EnsembleHistory:
     test_acc: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
 
 
-def accuracy(model: EnsembleRNN | EnsembleMLP, data: Dataset) -> np.ndarray:
+def accuracy(model: EnsembleRNN, data: Dataset) -> np.ndarray:
     """Each member's fraction of ``data`` classified right, in eval mode, ``(members,)``:
     ``(x, y)`` or ``(x, lengths, y)``, the same data for every member. The data is one batch:
     eval mode has no batch statistics."""
-    if not isinstance(model, (EnsembleRNN, EnsembleMLP)):
-        raise TypeError(f"model must be an EnsembleRNN or an EnsembleMLP, got {type(model).__name__}")
+    if not isinstance(model, EnsembleRNN):
+        raise TypeError(f"model must be an EnsembleRNN, got {type(model).__name__}")
     with evaluating(model) as device:
         *inputs, y = (t.to(device) for t in data)
-        if isinstance(model, EnsembleMLP):
-            inputs = [inputs[0].flatten(1).expand(model.members, -1, -1)]
         return (model(*inputs).argmax(-1) == y).double().mean(-1).cpu().numpy()
 
 
@@ -459,64 +359,3 @@ def trajectory(model: EnsembleRNN, x: torch.Tensor, y: torch.Tensor) -> dict[str
         "grad_norm": [h.grad.norm(dim=-1).mean(1) for h in hs],
     }
     return {k: torch.stack(v, 1).cpu().numpy() for k, v in per_step.items()}
-
-
-def fit_mlp(
-    model: EnsembleMLP,
-    train: Dataset,
-    test: Dataset,
-    *,
-    epochs: int,
-    lr: float | Sequence[float],
-    batch_size: int,
-    seeds: Sequence[int],
-) -> list[History]:
-    """Train every member of ``model`` with SGD (momentum 0.9) and cross-entropy; one
-    :class:`~lnbook.train.History` per member, as :func:`lnbook.train.fit` with
-    ``optimizer="sgd"`` returns.
-
-    ``lr``: one learning rate for every member, or one per member (a sweep in one stack:
-    member ``s``'s loss is scaled by ``lr[s] / max(lr)`` and SGD runs at ``max(lr)``, which,
-    momentum included, is SGD at ``lr[s]`` for that member).
-    ``train``, ``test``: ``(x (N, ...), y (N,))``. ``seeds[s]`` orders member ``s``'s mini-batches
-    as ``fit(seed=seeds[s])`` does (a fresh ``torch.randperm`` of the training set per epoch from a
-    generator seeded with it; the last mini-batch may be smaller). ``wall_time`` is the
-    training time of the whole stack.
-    """
-    check_positive_int(epochs, "epochs")
-    check_positive_int(batch_size, "batch_size")
-    lrs = [lr] * model.members if isinstance(lr, (int, float)) else list(lr)
-    for value in lrs:
-        check_number(value, "lr", "a positive number (or one per member)", lambda v: v > 0)
-    if len(seeds) != model.members or len(lrs) != model.members:
-        raise ValueError(f"seeds (and lr, if a sequence) must have one entry per member ({model.members}), "
-                         f"got {len(seeds)} seeds and {len(lrs)} learning rates")
-    device = model.weights[0].device
-    scale = torch.tensor(lrs, device=device) / max(lrs)
-    x, y = train[0].flatten(1).to(device), train[1].to(device)
-    n, members = len(y), model.members
-    generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
-    opt = torch.optim.SGD(model.parameters(), lr=max(lrs), momentum=0.9)
-    model.train()
-    histories = [History(steps_per_epoch=-(-n // batch_size)) for _ in range(members)]
-    elapsed = 0.0
-    for _ in range(epochs):
-        start = time.perf_counter()
-        order = torch.stack([torch.randperm(n, generator=g) for g in generators]).to(device)  # (S, n)
-        correct = torch.zeros(members, device=device)
-        for idx in order.split(batch_size, dim=1):
-            logits, targets = model(x[idx]), y[idx]  # (S, b, classes), (S, b)
-            losses = nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none").mean(1)
-            opt.zero_grad(set_to_none=True)
-            (losses * scale).sum().backward()
-            opt.step()
-            for h, loss in zip(histories, losses.tolist()):
-                h.step_loss.append(loss)
-            correct += (logits.argmax(-1) == targets).sum(1)
-        elapsed += time.perf_counter() - start
-        test_acc = accuracy(model, test)
-        for s, h in enumerate(histories):
-            h.wall_time.append(elapsed)
-            h.train_acc.append(correct[s].item() / n)
-            h.test_acc.append(float(test_acc[s]))
-    return histories
