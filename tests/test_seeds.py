@@ -37,6 +37,10 @@ FAMILIES = {  # name: (make a plain model, inputs for S = 3 members)
                            lambda: (torch.randint(30, (3, 4, 16)), torch.arange(16).expand(3, 4, 16) < torch.tensor([16, 9, 12, 5])[:, None])),
     **{f"vit-{n}": (lambda n=n: TinyViT(norm=n), lambda: (torch.randn(3, 5, 8, 8),)) for n in ("layernorm", "batchnorm", "rms")},
 }
+FAMILIES.update({  # chapter 02's Elman networks: RecurrentBatchNorm's buffers gain the seed axis too (stacks_buffers)
+    f"elman-{n}": (lambda n=n: rnn.ElmanClassifier(4, 8, 3, n, **({"max_steps": 6} if n == "batch_per_step" else {})),
+                   lambda: (torch.randn(3, 6, 6, 4), torch.tensor([[6, 6, 2, 3, 4, 1]] * 3)))
+    for n in rnn.ELMAN_NORMS})
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -88,6 +92,29 @@ def test_fit_trains_each_member_as_train_fit_trains_it_alone(norm):
         for u, v in zip(model.state_dict().values(), alone_model.state_dict().values()):
             torch.testing.assert_close(u, v, rtol=1e-4, atol=1e-5)
     assert results[0][1].step_loss != results[1][1].step_loss
+
+
+def test_fit_takes_the_batches_it_is_given_and_evaluates_every_so_many_updates():
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(40, 6, generator=g), torch.randint(3, (40,), generator=g)
+    make = lambda: models.MLP(6, (8,), 3, "batch")  # noqa: E731
+    batches = [torch.stack([torch.arange(i, i + 8), torch.arange(39 - i, 31 - i, -1)]) for i in (0, 8, 16)]  # (S=2, 8)
+    histories = seeds.fit(seeds.stack(_plain(make, (0, 1))), (x, y), (x, y), epochs=2, lr=0.05, batch_size=8,
+                          seeds=[0, 0], optimizer="sgd", order=lambda: batches, eval_every=4)
+    for s, (h, m) in enumerate(zip(histories, _plain(make, (0, 1)))):  # member s alone on row s of each batch
+        assert h.steps_per_epoch == 3 and len(h.step_loss) == 6 and len(h.test_acc) == 2  # after updates 4 and 6
+        opt, losses = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9), []
+        for idx in batches * 2:
+            loss = torch.nn.functional.cross_entropy(m(x[idx[s]]), y[idx[s]])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        np.testing.assert_allclose(h.step_loss, losses, rtol=1e-5, atol=1e-6)
+        assert abs(h.test_acc[-1] - train.accuracy(m, (x, y))) <= 1 / 40
+    with pytest.raises(ValueError, match="order"):
+        seeds.fit(seeds.stack(_plain(make, (0, 1))), (x, y), (x, y), epochs=1, lr=0.05, batch_size=8, seeds=[0, 0],
+                  order=lambda: [torch.zeros(3, 8, dtype=torch.long)])
 
 
 def test_fit_on_padded_sequences_clips_each_member_on_its_own():

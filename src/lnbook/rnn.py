@@ -13,6 +13,11 @@ instead, with no norm layer.
 
 Parameter names follow ``torch.nn.LSTMCell`` / ``torch.nn.GRUCell`` (``weight_ih``,
 ``weight_hh``, ``bias_ih``, ``bias_hh``, gates in PyTorch's order), so weights copy over.
+
+Chapter 02's network is simpler: :class:`ElmanClassifier`, a tanh RNN with its norm inside the
+recurrence, which keeps running on padded steps and classifies each sequence's state after its
+last real step; its batch norms are :class:`RecurrentBatchNorm` (masked or not, running
+statistics shared by all steps or kept per step, a fallback where a step has one sequence).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import math
 import torch
 from torch import nn
 
-from ._checks import check_int, check_positive_int
+from ._checks import check_bool, check_choice, check_eps, check_int, check_number, check_positive_int, describe
 from .norms import EXAMPLE_NORMS, TimeStepBatchNorm, apply_norm, check_norm, norm_layer
 from .pickling import PicklesWithParametrizations
 
@@ -257,3 +262,193 @@ def population_statistics(model: nn.Module, data: tuple[torch.Tensor, ...], batc
                     m.running_var[t] = m.running_var[t - 1]
             m.num_batches_tracked.copy_(old)
     return counts[id(norms[0])]
+
+
+class RecurrentBatchNorm(nn.Module):
+    """BatchNorm of a recurrence's summed inputs, called once per step: the batch norms of
+    :class:`ElmanClassifier` (chapter 02).
+
+    Step ``t``'s input ``x (*, B, F)`` (``B`` sequences; ``*``: nothing, or a seed axis) is
+    normalized per feature with its mean and biased variance over the batch, then scaled by
+    ``weight`` (initially ``gain``) and shifted by ``bias``. ``masked=True`` takes the
+    statistics over the sequences still running (``mask (*, B)``, True on real steps) only;
+    ``masked=False`` counts every sequence, the padded ones as data. The output is not zeroed
+    on padded steps: the recurrence keeps running there.
+
+    Running averages (``momentum``, unbiased variance, as ``torch.nn.BatchNorm1d``), used in
+    eval mode: one set for every step (``max_steps=None``), or one set per step up to
+    ``max_steps`` (Cooijmans et al.), whose later steps reuse the last set at inference and
+    refuse to train. ``momentum=None`` makes them the plain average of every batch since
+    :meth:`reset_running_stats`. A step whose statistics rest on fewer than two sequences has
+    no variance: with ``fallback=True`` it is normalized with the running statistics, which
+    it leaves unchanged; with ``fallback=False`` the formula is used anyway, so a lone
+    sequence becomes ``bias``.
+
+    Buffers: ``running_mean``, ``running_var`` ``(steps, F)`` and ``batches_tracked``
+    ``(steps,)``, the batches each step's running statistics took in (``steps``:
+    ``max_steps``, or 1). Written for any leading dimensions (``stacks_buffers``):
+    :func:`lnbook.seeds.stack` gives its parameters and buffers a seed axis.
+    """
+
+    stacks_buffers = True
+
+    def __init__(
+        self,
+        num_features: int,
+        max_steps: int | None = None,
+        *,
+        masked: bool = True,
+        momentum: float | None = 0.1,
+        fallback: bool = True,
+        gain: float = 1.0,
+        eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        self.num_features = check_positive_int(num_features, "num_features")
+        self.max_steps = None if max_steps is None else check_positive_int(max_steps, "max_steps")
+        if momentum is not None:
+            check_number(momentum, "momentum", "a number in [0, 1] or None", lambda v: 0 <= v <= 1)
+        self.masked, self.fallback = check_bool(masked, "masked"), check_bool(fallback, "fallback")
+        self.momentum, self.eps = momentum, check_eps(eps)
+        f, steps = self.num_features, self.max_steps or 1
+        self.weight = nn.Parameter(torch.full((f,), check_number(gain, "gain", "a positive number", lambda v: v > 0)))
+        self.bias = nn.Parameter(torch.zeros(f))
+        self.register_buffer("running_mean", torch.zeros(steps, f))
+        self.register_buffer("running_var", torch.ones(steps, f))
+        self.register_buffer("batches_tracked", torch.zeros(steps, dtype=torch.long))
+
+    def reset_running_stats(self) -> None:
+        """Running statistics back to mean 0 and variance 1, with no batch counted."""
+        self.running_mean.zero_(), self.running_var.fill_(1.0), self.batches_tracked.zero_()
+
+    def forward(self, x: torch.Tensor, t: int, mask: torch.Tensor | None = None) -> torch.Tensor:
+        if self.training and self.max_steps is not None and t >= self.max_steps:
+            raise ValueError(f"t = {t} is beyond max_steps = {self.max_steps}: training needs statistics for every step")
+        s = min(t, self.running_mean.shape[-2] - 1)
+        run_mean, run_var = self.running_mean[..., s : s + 1, :], self.running_var[..., s : s + 1, :]  # (*, 1, F)
+        if not self.training:
+            mean, var = run_mean, run_var
+        else:
+            w = mask.unsqueeze(-1).to(x.dtype) if self.masked and mask is not None else torch.ones_like(x[..., :1])
+            n = w.sum(-2, keepdim=True)  # (*, 1, 1): the sequences the statistics rest on
+            mean = (w * x).sum(-2, keepdim=True) / n.clamp_min(1)
+            var = (w * (x - mean) ** 2).sum(-2, keepdim=True) / n.clamp_min(1)
+            ok = n >= 2
+            with torch.no_grad():
+                tracked = self.batches_tracked[..., s : s + 1, None]
+                tracked += ok
+                k = tracked.to(x.dtype)
+                m = 1 / k.clamp_min(1) if self.momentum is None else torch.full_like(k, self.momentum)
+                unbiased = var * n / (n - 1).clamp_min(1)
+                run_mean.copy_(torch.where(ok, run_mean.lerp(mean, m), run_mean))
+                run_var.copy_(torch.where(ok, run_var.lerp(unbiased, m), run_var))
+            if self.fallback:
+                mean, var = torch.where(ok, mean, run_mean.clone()), torch.where(ok, var, run_var.clone())
+        return (x - mean) * torch.rsqrt(var + self.eps) * self.weight.unsqueeze(-2) + self.bias.unsqueeze(-2)
+
+    def extra_repr(self) -> str:
+        return (f"{self.num_features}, max_steps={self.max_steps}, masked={self.masked}, momentum={self.momentum}, "
+                f"fallback={self.fallback}, eps={self.eps}")
+
+
+ELMAN_NORMS = ("none", "layer", "batch", "batch_unmasked", "batch_per_step")
+
+
+class ElmanClassifier(nn.Module):
+    """A tanh RNN (an Elman network) with the norm inside the recurrence, classifying each
+    sequence from its state after its last real step (chapter 02's network).
+
+    ``h_t = tanh(norm(W_ih x_t + W_hh h_{t-1} + b))`` from ``h_0 = 0`` (Ba et al.'s recurrent
+    LayerNorm when ``norm="layer"``); logits ``head(h_T)``, ``T`` each sequence's length. The
+    network keeps running on padded steps (it does not hold the state); their states are
+    never classified. ``norm``:
+
+    - ``"none"``; ``"layer"``: each example's ``H`` summed inputs (``nn.LayerNorm``);
+    - ``"batch"``: :class:`RecurrentBatchNorm` over the batch's running sequences at each
+      step, one set of running averages for all steps; ``"batch_unmasked"``: the same with
+      the ended sequences counted as data; ``"batch_per_step"``: running averages for each
+      step up to ``max_steps`` (Cooijmans et al.).
+
+    A batch norm subtracts any bias before it, so the batch norms have no ``b`` (its gradient
+    would be rounding noise, which Adam turns into steps). ``gain`` is the norm's initial
+    gain; ``momentum`` and ``fallback`` as in :class:`RecurrentBatchNorm`. Initialization:
+    ``W_ih``, ``b`` uniform in ``±1/sqrt(input_size)``, ``W_hh`` orthogonal, the head as
+    ``nn.Linear``.
+
+    Shapes: ``x (B, T, F)``, ``lengths (B,)`` (default: all ``T``), logits ``(B, n_classes)``;
+    a model of ``S`` seeds (:func:`lnbook.seeds.stack`) takes ``x (S, B, T, F)``,
+    ``lengths (S, B)``. A batch runs only up to its longest sequence.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        n_classes: int,
+        norm: str = "none",
+        *,
+        max_steps: int | None = None,
+        momentum: float | None = 0.1,
+        fallback: bool = True,
+        gain: float = 1.0,
+        eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        self.input_size = check_positive_int(input_size, "input_size")
+        self.hidden_size = check_positive_int(hidden_size, "hidden_size")
+        check_positive_int(n_classes, "n_classes")
+        self.norm = check_choice(norm, ELMAN_NORMS, "norm")
+        if (norm == "batch_per_step") != (max_steps is not None):
+            raise ValueError(f"max_steps must be given for norm='batch_per_step' and only then, got {describe(max_steps)}")
+        check_number(gain, "gain", "a positive number", lambda v: v > 0)
+        f, h = input_size, hidden_size
+        self.weight_ih = nn.Parameter(torch.empty(h, f).uniform_(-1 / math.sqrt(f), 1 / math.sqrt(f)))
+        if norm.startswith("batch"):
+            self.register_parameter("bias", None)
+        else:
+            self.bias = nn.Parameter(torch.empty(h).uniform_(-1 / math.sqrt(f), 1 / math.sqrt(f)))
+        self.weight_hh = nn.Parameter(nn.init.orthogonal_(torch.empty(h, h)))
+        if norm == "none":
+            self.norm_a: nn.Module = nn.Identity()
+        elif norm == "layer":
+            self.norm_a = nn.LayerNorm(h, eps=eps)
+            nn.init.constant_(self.norm_a.weight, gain)
+        else:
+            self.norm_a = RecurrentBatchNorm(h, max_steps, masked=norm != "batch_unmasked", momentum=momentum,
+                                             fallback=fallback, gain=gain, eps=eps)
+        self.head = nn.Linear(h, n_classes)
+
+    def states(
+        self, x: torch.Tensor, lengths: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """Run the recurrence up to the longest sequence: (the state after each sequence's last
+        real step ``(*, B, H)``, every step's state ``h_t``, every step's summed inputs ``a_t``
+        before the norm; each ``(*, B, H)``, ``*`` the seed axis of a stacked model)."""
+        stacked = getattr(self, "members", None) is not None
+        shape = "(S, B, T, F)" if stacked else "(B, T, F)"
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.ndim != 3 + stacked or x.shape[-1] != self.input_size:
+            raise ValueError(f"x must be a float tensor {shape} with F = {self.input_size}, got {describe(x)}")
+        *lead, steps, _ = x.shape
+        if lengths is None:
+            lengths = torch.full(lead, steps, dtype=torch.long)
+        if tuple(lengths.shape) != tuple(lead) or int(lengths.min()) < 1 or int(lengths.max()) > steps:
+            raise ValueError(f"lengths must be {tuple(lead)} with values in 1..{steps}, got {describe(lengths)}")
+        lengths, run = lengths.to(x.device), int(lengths.max())
+        if self.training and self.norm == "batch_per_step" and run > self.norm_a.max_steps:
+            raise ValueError(f"the batch runs {run} steps, beyond max_steps = {self.norm_a.max_steps}: "
+                             "training needs statistics for every step")
+        h = x.new_zeros(*lead, self.hidden_size)
+        last, hs, summed = h, [], []
+        for t in range(run):  # .mT and unsqueeze(-2): the same code runs S seeds stacked (lnbook.seeds)
+            a = x[..., t, :] @ self.weight_ih.mT
+            if self.bias is not None:
+                a = a + self.bias.unsqueeze(-2)
+            a = a + h @ self.weight_hh.mT
+            h = torch.tanh(apply_norm(self.norm_a, a, lengths > t, t))
+            last = torch.where((lengths == t + 1).unsqueeze(-1), h, last)
+            hs.append(h)
+            summed.append(a)
+        return last, hs, summed
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        return self.head(self.states(x, lengths)[0])

@@ -17,8 +17,10 @@ dimensions, and only its leaves are swapped: each ``nn.Linear``, ``nn.Embedding`
 becomes the :class:`Linear`, :class:`Embedding` or :class:`Norm` of ``S`` members (a
 batched matrix product, one lookup, each member's own gain, bias and batch statistics), and a
 parameter an lnbook module holds itself gains the seed axis (that module's code lets it
-broadcast over the batch: ``x @ w.mT``, ``bias.unsqueeze(-2)``). Every module of the stacked
-model gets the attribute ``members = S``.
+broadcast over the batch: ``x @ w.mT``, ``bias.unsqueeze(-2)``); so do its buffers where it
+says its code broadcasts them too (a class attribute ``stacks_buffers = True``, as
+:class:`lnbook.rnn.RecurrentBatchNorm`). Every module of the stacked model gets the attribute
+``members = S``.
 
 :func:`fit` (classifiers) and :func:`fit_lm` / :func:`fit_mlm` (Transformers) train every
 member as :func:`lnbook.train.fit`, :func:`~lnbook.train.fit_lm` and
@@ -283,8 +285,11 @@ def stack(models: Sequence[nn.Module]) -> nn.Module:
     for module in list(skeleton.modules()):  # an lnbook module's own parameters: (S, *shape)
         if isinstance(module, LEAVES) or not _ours(module):
             continue
-        if any(b is not None for b in module._buffers.values()):
+        if any(b is not None for b in module._buffers.values()) and not getattr(module, "stacks_buffers", False):
             raise TypeError(f"stack cannot give the buffers of {type(module).__name__} a seed axis")
+        for bname, b in list(module._buffers.items()):  # a module written for a seed axis on its buffers too
+            if b is not None:
+                module._buffers[bname] = b.detach().expand(s, *b.shape).clone()
         for pname, p in list(module._parameters.items()):
             if p is not None:
                 module._parameters[pname] = _seeded(p, s)
@@ -418,6 +423,8 @@ def fit(
     grad_clip: float | None = None,
     drop_last: bool = False,
     max_steps: int | None = None,
+    order: Callable[[], Sequence[torch.Tensor]] | None = None,
+    eval_every: int | None = None,
 ) -> list[History]:
     """Train every member of a stacked classifier with cross-entropy, as
     :func:`lnbook.train.fit` trains one model with ``seed=seeds[s]`` and ``lr=lr[s]`` (``lr``:
@@ -425,7 +432,15 @@ def fit(
     a generator seeded with the seed), ``"adam"`` or ``"sgd"`` with momentum 0.9, ``grad_clip``
     on each member's own gradient norm, ``drop_last`` and ``max_steps`` as there. ``train``,
     ``test``: ``(inputs..., labels)``, e.g. ``(x, y)`` or ``(x, lengths, y)``, the same data for
-    every member. One :class:`~lnbook.train.History` per member; ``wall_time`` is the stack's."""
+    every member. One :class:`~lnbook.train.History` per member; ``wall_time`` is the stack's.
+
+    Two departures from :func:`lnbook.train.fit`, for loops that order or evaluate otherwise
+    (:func:`lnbook.ensemble.fit`): ``order``, called at the start of every epoch, returns
+    that epoch's mini-batches, a sequence of ``(S, b)`` index tensors into ``train`` (row
+    ``s``: member ``s``'s examples), in place of the seeded permutations (``seeds``,
+    ``batch_size`` and ``drop_last`` then do not order anything; ``steps_per_epoch`` counts
+    the first epoch's batches). ``eval_every``: the test accuracy after every
+    ``eval_every`` updates and after the last, in place of after every epoch."""
     s = _stacked(model)
     train, test = check_dataset(train, "train"), check_dataset(test, "test")
     check_positive_int(epochs, "epochs")
@@ -433,6 +448,10 @@ def fit(
     check_choice(optimizer, OPTIMIZERS, "optimizer")
     if max_steps is not None:
         check_positive_int(max_steps, "max_steps")
+    if eval_every is not None:
+        check_positive_int(eval_every, "eval_every")
+    if order is not None and not callable(order):
+        raise TypeError(f"order must be a function returning an epoch's mini-batches, got {describe(order)}")
     step = _Optimizer(model, _member_lrs(lr, s), optimizer, grad_clip)
     generators = [torch.Generator().manual_seed(seed) for seed in _check_seeds(seeds, s)]
     device = step.params[0].device
@@ -441,13 +460,32 @@ def fit(
     seen = per_epoch * batch_size if drop_last else n
     histories = [History(steps_per_epoch=per_epoch) for _ in range(s)]
     active = torch.ones(s, dtype=torch.bool, device=device)
-    elapsed, updates = 0.0, 0
+    elapsed, updates, evaluated = 0.0, 0, 0
     model.train()
-    for _ in range(epochs):
-        start, count = time.perf_counter(), 0
-        order = torch.stack([torch.randperm(n, generator=g)[:seen] for g in generators])  # (S, seen)
+
+    def evaluate() -> float:
+        """Record every member's test accuracy now; the seconds it took."""
+        nonlocal evaluated
+        start = time.perf_counter()
+        test_acc = accuracy(model, test)
+        for i, h in enumerate(histories):
+            h.test_acc.append(float(test_acc[i]))
+        evaluated = updates
+        return time.perf_counter() - start
+
+    for epoch in range(epochs):
+        start, count, paused = time.perf_counter(), 0, 0.0
+        if order is None:
+            batches = torch.stack([torch.randperm(n, generator=g)[:seen] for g in generators]).split(batch_size, dim=1)
+        else:
+            batches = order()
+            if any(not isinstance(idx, torch.Tensor) or idx.ndim != 2 or idx.shape[0] != s for idx in batches):
+                raise ValueError(f"order() must return (S = {s}, b) index tensors, got {describe(batches)}")
+            if epoch == 0:
+                for h in histories:
+                    h.steps_per_epoch = len(batches)
         correct = torch.zeros(s, device=device)
-        for idx in order.split(batch_size, dim=1):
+        for idx in batches:
             *inputs, y = _inputs(train, idx, device)
             logits = model(*inputs)  # (S, b, classes)
             losses = F.cross_entropy(logits.transpose(1, 2), y, reduction="none").mean(1)
@@ -456,16 +494,20 @@ def fit(
                 h.step_loss.append(loss)
             correct += (logits.argmax(-1) == y).sum(1)
             count, updates = count + idx.shape[1], updates + 1
+            if eval_every is not None and updates % eval_every == 0:
+                paused += evaluate()
             if updates == max_steps:
                 break
-        elapsed += time.perf_counter() - start
-        test_acc = accuracy(model, test)
+        elapsed += time.perf_counter() - start - paused
         for i, h in enumerate(histories):
             h.wall_time.append(elapsed)
             h.train_acc.append(correct[i].item() / count)
-            h.test_acc.append(float(test_acc[i]))
+        if eval_every is None:
+            evaluate()
         if updates == max_steps:
             break
+    if eval_every is not None and evaluated != updates:
+        evaluate()
     return histories
 
 
