@@ -6,7 +6,7 @@ that feed the norm, and no norm layer); and every norm over one example's featur
 (:data:`~lnbook.norms.EXAMPLE_NORMS`: ``"layer"``, ``"layer_simple"`` (without gain and bias),
 ``"group4"`` with 4 groups of consecutive features, ``"rms"``, ``"dyt"``, ``"detach"``,
 ``"adanorm"``). ``"instance"`` is refused, with the reason. Chapter 02's recurrent networks
-are :class:`lnbook.ensemble.EnsembleRNN`.
+are :class:`lnbook.rnn.ElmanClassifier`.
 
 Many seeds of it train as one model with :mod:`lnbook.seeds` (``seeds.stack`` of one MLP per
 seed, trained by ``seeds.fit``).
