@@ -82,3 +82,36 @@ def test_every_norm_of_chapter_02_has_its_own_colour():
 
     assert set(ensemble.NORMS) <= set(plotting.NORM_COLORS)
     assert len(set(plotting.NORM_COLORS.values())) == len(plotting.NORM_COLORS)
+
+
+def test_per_step_batchnorm_is_one_time_step_of_the_pooled_set():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sets = plotting.NORM_SETS["sequence"]
+
+    def cells(name):
+        selected = np.zeros((4, 6, 5), dtype=bool)  # (N, C, T), the block the figure draws
+        selected[sets[name]] = True
+        return selected
+
+    per_step, pooled = cells("BatchNorm, per step (RNN)"), cells("BatchNorm, pooled over time")
+    np.testing.assert_array_equal(pooled, cells("BatchNorm"))  # the default panel, renamed
+    assert per_step.sum() == 4 and pooled.sum() == 4 * 5  # every example at one step vs at every step
+    assert (per_step & ~pooled).sum() == 0 and per_step[:, 1, 0].all()
+    assert (per_step & cells("LayerNorm")).sum() == 1  # they meet in one number: example 0, feature 1, step 0
+    names = ("BatchNorm, per step (RNN)", "BatchNorm, pooled over time", "LayerNorm", "InstanceNorm", "GroupNorm")
+    fig = plotting.norm_axes_figure("sequence", names, ncols=3)
+    assert [ax.get_title() for ax in fig.axes] == list(names)
+    assert {ax.get_subplotspec().colspan.start for ax in fig.axes} == {0, 1, 2}  # three panels a row
+    blue = matplotlib.colors.to_rgba(plotting.HIGHLIGHT)
+    n_shaded = [sum(p.get_facecolor() == blue for p in ax.patches) for ax in fig.axes[:2]]
+    assert n_shaded[0] < n_shaded[1]
+    plt.close(fig)
+    with pytest.raises(ValueError, match="norms must be"):
+        plotting.norm_axes_figure("image", ("BatchNorm, per step (RNN)",))
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="ncols must be"):
+            plotting.norm_axes_figure("sequence", ncols=bad)

@@ -40,6 +40,12 @@ NORM_SETS = {
         "LayerNorm": (slice(0, 1), ALL, slice(0, 1)),
         "InstanceNorm": (slice(0, 1), slice(1, 2), ALL),
         "GroupNorm": (slice(0, 1), slice(2, 4), ALL),
+        # The two BatchNorms of a sequence, named for the landing figure: a recurrent network sees
+        # one step at a time, so its BatchNorm pools the batch at that step only (Cooijmans et
+        # al.'s per-step statistics); a layer that sees the whole (N, C, L) block at once, like
+        # torch.nn.BatchNorm1d, pools the batch and every step ("BatchNorm" above, renamed).
+        "BatchNorm, per step (RNN)": (ALL, slice(1, 2), slice(0, 1)),
+        "BatchNorm, pooled over time": (ALL, slice(1, 2), ALL),
     },
     "image": {
         "BatchNorm": (ALL, slice(1, 2), ALL),
@@ -107,14 +113,20 @@ def _block(ax: Axes, selected: np.ndarray, depth_label: str, title: str) -> None
 
 
 def norm_axes_figure(
-    kind: str = "sequence", norms: tuple[str, ...] = ("BatchNorm", "LayerNorm", "InstanceNorm", "GroupNorm")
+    kind: str = "sequence",
+    norms: tuple[str, ...] = ("BatchNorm", "LayerNorm", "InstanceNorm", "GroupNorm"),
+    ncols: int | None = None,
 ) -> Figure:
     """Which elements one mean and variance are computed over, for each norm in ``norms``.
 
     Args:
         kind: ``"sequence"`` for an ``(N, T, C)`` batch (depth = time steps T) or ``"image"`` for
             an ``(N, C, H, W)`` batch (depth = pixels H·W).
-        norms: any of ``BatchNorm``, ``LayerNorm``, ``InstanceNorm``, ``GroupNorm``.
+        norms: any of ``BatchNorm``, ``LayerNorm``, ``InstanceNorm``, ``GroupNorm``; for a
+            sequence also ``"BatchNorm, per step (RNN)"`` (the batch at one time step) and
+            ``"BatchNorm, pooled over time"`` (the same set as ``BatchNorm``). Each panel is
+            titled with its name.
+        ncols: panels per row; ``None`` puts at most two in a row.
     """
     depth = {"sequence": "time T", "image": "pixels H·W"}
     if kind not in depth:
@@ -122,7 +134,11 @@ def norm_axes_figure(
     sets = NORM_SETS[kind]
     if not norms or any(name not in sets for name in norms):
         raise ValueError(f"norms must be a non-empty tuple drawn from {tuple(sets)}, got {describe(norms)}")
-    ncols = min(len(norms), 2)
+    if ncols is None:
+        ncols = min(len(norms), 2)
+    elif isinstance(ncols, bool) or not isinstance(ncols, int) or ncols < 1:
+        raise ValueError(f"ncols must be a positive int or None, got {describe(ncols)}")
+    ncols = min(ncols, len(norms))
     nrows = -(-len(norms) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(3.5 * ncols, 2.6 * nrows), squeeze=False)
     for ax in axes.flat[len(norms) :]:
