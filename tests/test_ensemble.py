@@ -218,3 +218,30 @@ def test_the_initial_gain_is_a_setting():
     assert torch.equal(ensemble.stacked_rnn(2, 3, 8, 3, "layer", gain=0.5).norm_a.weight, torch.full((2, 8), 0.5))
     with pytest.raises(ValueError, match="gain must be a positive number"):
         ensemble.stacked_rnn(2, 3, 8, 3, "layer", gain=0.0)
+
+
+def test_online_statistics_follow_the_stream_one_example_at_a_time():
+    torch.manual_seed(0)
+    m = 0.2
+    norm = rnn.RecurrentBatchNorm(3, 2, momentum=m, online=True)
+    stream = torch.randn(40, 1, 3) * 2 + 5
+    mean, var = torch.zeros(3), torch.ones(3)
+    for x in stream:  # one example per update: the exponentially weighted mean and variance of the stream
+        out = norm(x, 1)
+        d = x[0] - mean
+        mean, var = mean + m * d, (1 - m) * (var + m * d**2)
+        torch.testing.assert_close(out[0], (x[0] - mean) / torch.sqrt(var + 1e-5))
+    torch.testing.assert_close(norm.running_mean[1], mean)
+    assert norm.batches_tracked.tolist() == [0, 40]
+    assert norm.running_mean[0].abs().sum() == 0  # step 0 saw nothing
+    x = torch.randn(1, 3, requires_grad=True)
+    norm(x, 0).sum().backward()  # statistics are constants: the gradient is the gain over the std
+    torch.testing.assert_close(x.grad, (norm.weight / torch.sqrt(norm.running_var[0] + 1e-5)).expand(1, 3))
+    with pytest.raises(ValueError, match="momentum"):
+        rnn.RecurrentBatchNorm(3, online=True, momentum=None)
+    # an online per-step network trains stacked on batches of one, every step's statistics moving
+    utils.seed_everything(0)
+    model = ensemble.stacked_rnn(2, 3, 6, 3, "batch_per_step", max_steps=5, online=True, momentum=0.1, gain=0.1)
+    x, lengths, y = toy()
+    ensemble.fit(model, (x, lengths, y), (x, lengths, y), epochs=1, lr=1e-3, batch_size=1, seed=0)
+    assert (model.norm_a.batches_tracked[:, 0] == 12).all() and model.norm_a.running_mean.abs().sum() > 0

@@ -284,6 +284,13 @@ class RecurrentBatchNorm(nn.Module):
     it leaves unchanged; with ``fallback=False`` the formula is used anyway, so a lone
     sequence becomes ``bias``.
 
+    ``online=True`` (a streaming BatchNorm, in the family of Liao et al.'s streaming
+    normalization, Ioffe's Batch Renormalization and Chiley et al.'s Online Normalization):
+    in training the running statistics first follow the stream, an exponential moving average
+    over updates with weight ``momentum`` (the mean and the variance about it, the batch's
+    spread included, so a batch of one is enough), and every batch is normalized with them,
+    treated as constants in the backward pass; ``fallback`` is then unused.
+
     Buffers: ``running_mean``, ``running_var`` ``(steps, F)`` and ``batches_tracked``
     ``(steps,)``, the batches each step's running statistics took in (``steps``:
     ``max_steps``, or 1). Written for any leading dimensions (``stacks_buffers``):
@@ -302,9 +309,13 @@ class RecurrentBatchNorm(nn.Module):
         fallback: bool = True,
         gain: float = 1.0,
         eps: float = 1e-5,
+        online: bool = False,
     ) -> None:
         super().__init__()
         self.num_features = check_positive_int(num_features, "num_features")
+        self.online = check_bool(online, "online")
+        if online and momentum is None:
+            raise ValueError("momentum must be a number for online=True (the stream's moving average), got None")
         self.max_steps = None if max_steps is None else check_positive_int(max_steps, "max_steps")
         if momentum is not None:
             check_number(momentum, "momentum", "a number in [0, 1] or None", lambda v: 0 <= v <= 1)
@@ -328,6 +339,8 @@ class RecurrentBatchNorm(nn.Module):
         run_mean, run_var = self.running_mean[..., s : s + 1, :], self.running_var[..., s : s + 1, :]  # (*, 1, F)
         if not self.training:
             mean, var = run_mean, run_var
+        elif self.online:
+            mean, var = self._follow_stream(x, mask, s, run_mean, run_var)
         else:
             w = mask.unsqueeze(-1).to(x.dtype) if self.masked and mask is not None else torch.ones_like(x[..., :1])
             n = w.sum(-2, keepdim=True)  # (*, 1, 1): the sequences the statistics rest on
@@ -346,9 +359,25 @@ class RecurrentBatchNorm(nn.Module):
                 mean, var = torch.where(ok, mean, run_mean.clone()), torch.where(ok, var, run_var.clone())
         return (x - mean) * torch.rsqrt(var + self.eps) * self.weight.unsqueeze(-2) + self.bias.unsqueeze(-2)
 
+    def _follow_stream(self, x: torch.Tensor, mask: torch.Tensor | None, s: int, run_mean: torch.Tensor,
+                       run_var: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """online=True: move step s's running statistics by this batch (mean d away: mean += m d,
+        var = (1 - m)(var + m d^2) + m * batch variance) and return them, detached, (*, 1, F)."""
+        w = mask.unsqueeze(-1).to(x.dtype) if self.masked and mask is not None else torch.ones_like(x[..., :1])
+        with torch.no_grad():
+            n = w.sum(-2, keepdim=True)
+            mean = (w * x).sum(-2, keepdim=True) / n.clamp_min(1)
+            var = (w * (x - mean) ** 2).sum(-2, keepdim=True) / n.clamp_min(1)
+            seen, m = n >= 1, self.momentum
+            d = mean - run_mean
+            run_mean.copy_(torch.where(seen, run_mean + m * d, run_mean))
+            run_var.copy_(torch.where(seen, (1 - m) * (run_var + m * d**2) + m * var, run_var))
+            self.batches_tracked[..., s : s + 1, None] += seen
+        return run_mean.clone(), run_var.clone()
+
     def extra_repr(self) -> str:
         return (f"{self.num_features}, max_steps={self.max_steps}, masked={self.masked}, momentum={self.momentum}, "
-                f"fallback={self.fallback}, eps={self.eps}")
+                f"fallback={self.fallback}, eps={self.eps}" + (", online=True" if self.online else ""))
 
 
 ELMAN_NORMS = ("none", "layer", "batch", "batch_unmasked", "batch_per_step")
@@ -371,7 +400,7 @@ class ElmanClassifier(nn.Module):
 
     A batch norm subtracts any bias before it, so the batch norms have no ``b`` (its gradient
     would be rounding noise, which Adam turns into steps). ``gain`` is the norm's initial
-    gain; ``momentum`` and ``fallback`` as in :class:`RecurrentBatchNorm`. Initialization:
+    gain; ``momentum``, ``fallback`` and ``online`` as in :class:`RecurrentBatchNorm`. Initialization:
     ``W_ih``, ``b`` uniform in ``±1/sqrt(input_size)``, ``W_hh`` orthogonal, the head as
     ``nn.Linear``.
 
@@ -392,6 +421,7 @@ class ElmanClassifier(nn.Module):
         fallback: bool = True,
         gain: float = 1.0,
         eps: float = 1e-5,
+        online: bool = False,
     ) -> None:
         super().__init__()
         self.input_size = check_positive_int(input_size, "input_size")
@@ -415,7 +445,7 @@ class ElmanClassifier(nn.Module):
             nn.init.constant_(self.norm_a.weight, gain)
         else:
             self.norm_a = RecurrentBatchNorm(h, max_steps, masked=norm != "batch_unmasked", momentum=momentum,
-                                             fallback=fallback, gain=gain, eps=eps)
+                                             fallback=fallback, gain=gain, eps=eps, online=online)
         self.head = nn.Linear(h, n_classes)
 
     def states(
