@@ -1,0 +1,399 @@
+"""Chapter 01's experiments on what BatchNorm buys, as functions the notebook calls.
+
+- :class:`SigmoidMLP`: Ioffe and Szegedy's MNIST network (sigmoid units from a small Gaussian
+  initialization, BatchNorm before each sigmoid or none), a plain model that
+  :func:`lnbook.seeds.stack` stacks; :func:`recording_inputs` records what reaches one of its
+  sigmoids during training, for the percentiles of their Fig. 1(b, c).
+- :func:`fit_scored`: :func:`lnbook.seeds.fit` on a training split, scoring a validation split
+  every epoch (to choose settings on) and the test set only after the epochs asked for.
+- :class:`Grid` (:func:`grid_compare`): one family of paired comparisons over a grid of settings
+  (learning rates), with table cells that say what the verdict says, and a heatmap of it.
+- Probes of a trained MLP: :func:`layer_report` (layer statistics and weight norms per seed),
+  :func:`dead_fraction` (ReLU units that never fire), :func:`bn_projection` (how much of the
+  upstream gradient BatchNorm's backward pass removes), :func:`fold_batchnorm` (eval-mode
+  BatchNorm folded into the linear layer before it), :func:`batch_answers` (one example's
+  answer in training mode, batch by batch), and :func:`default_init_std` (the pre-activation
+  scale that PyTorch's default initialization predicts, layer by layer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from . import seeds as seeds_mod
+from ._checks import describe
+from .compare import Comparison, Comparisons, by_measure, compare
+from .data import Dataset
+from .models import MLP, layer_stats, mlp_layers
+from .norms import MaskedBatchNorm1d, norm_layer
+from .train import History
+
+__all__ = [
+    "SigmoidMLP", "recording_inputs", "percentiles", "fit_scored", "Grid", "grid_compare", "jointly", "layer_report",
+    "dead_fraction", "bn_projection", "fold_batchnorm", "batch_answers", "default_init_std",
+]
+
+
+class SigmoidMLP(nn.Module):
+    """``[Linear -> norm -> sigmoid] * len(hidden) -> Linear``, Ioffe and Szegedy's MNIST
+    network (three hidden layers of 100 sigmoid units in the paper).
+
+    Input ``(*, in_features)``, output logits ``(*, n_classes)``. Weights drawn from
+    ``N(0, std^2)`` with a generator seeded by ``seed``, biases 0. ``norm``: ``"none"`` or
+    ``"batch"`` (:class:`lnbook.norms.MaskedBatchNorm1d` over the batch, before each sigmoid).
+    A plain model: :func:`lnbook.seeds.stack` stacks one per seed.
+    """
+
+    NORMS = ("none", "batch")
+
+    def __init__(self, in_features: int, hidden: Sequence[int], n_classes: int, norm: str = "none",
+                 std: float = 0.1, seed: int = 0) -> None:
+        super().__init__()
+        widths = [in_features, *hidden, n_classes]
+        if not all(isinstance(w, int) and not isinstance(w, bool) and w > 0 for w in widths) or not hidden:
+            raise ValueError(f"in_features, hidden and n_classes must be positive ints (hidden not empty), got "
+                             f"{describe(in_features)}, {describe(hidden)}, {describe(n_classes)}")
+        if norm not in self.NORMS:
+            raise ValueError(f"norm must be one of {self.NORMS}, got {norm!r}")
+        if not isinstance(std, (int, float)) or isinstance(std, bool) or not std > 0:
+            raise ValueError(f"std must be a positive number, got {describe(std)}")
+        self.norm = norm
+        g = torch.Generator().manual_seed(seed)
+        layers: list[nn.Module] = []
+        for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+            linear = nn.Linear(a, b)
+            with torch.no_grad():
+                linear.weight.copy_(torch.randn(b, a, generator=g) * std)
+                linear.bias.zero_()
+            layers.append(linear)
+            if i < len(widths) - 2:
+                if norm == "batch":
+                    layers.append(norm_layer("batch", b))
+                layers.append(nn.Sigmoid())
+        self.net = nn.Sequential(*layers)
+
+    def sigmoids(self) -> list[nn.Sigmoid]:
+        """The sigmoid modules, first hidden layer first."""
+        return [m for m in self.net if isinstance(m, nn.Sigmoid)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+@contextlib.contextmanager
+def recording_inputs(module: nn.Module, unit: int = 0, rows: int | None = None) -> Iterator[list[torch.Tensor]]:
+    """While open, every eval-mode call of ``module`` (on ``rows`` examples, when given: the
+    evaluation set's size) appends the input of feature ``unit`` to the list it yields: ``(S, B)``
+    for a stacked model (``(B,)`` for a plain one), one entry per evaluation
+    (:func:`lnbook.seeds.fit` evaluates in eval mode, so with ``eval_every`` this records the
+    unit's input on the evaluation set over training)."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be a torch module, got {describe(module)}")
+    seen: list[torch.Tensor] = []
+
+    def hook(m: nn.Module, inputs: tuple, _out: torch.Tensor) -> None:
+        if not m.training and (rows is None or inputs[0].shape[-2] == rows):
+            seen.append(inputs[0][..., unit].detach().cpu().clone())
+
+    handle = module.register_forward_hook(hook)
+    try:
+        yield seen
+    finally:
+        handle.remove()
+
+
+def percentiles(records: Sequence[torch.Tensor], q: Sequence[float] = (15, 50, 85)) -> np.ndarray:
+    """``records``: what :func:`recording_inputs` recorded, ``E`` tensors ``(S, B)``. Returns the
+    ``q`` percentiles over the ``B`` examples, ``(E, S, len(q))``."""
+    if not records:
+        raise ValueError("records must hold at least one recorded evaluation, got none")
+    return np.stack([np.percentile(r.double().numpy(), list(q), axis=-1).T for r in records])
+
+
+def fit_scored(
+    model: nn.Module, fit: Dataset, val: Dataset, test: Dataset, *, epochs: int, lr: float | Sequence[float],
+    batch_size: int, seeds: Sequence[int], optimizer: str = "sgd", test_at: Sequence[int] = (),
+    eval_every: int | None = None,
+) -> tuple[list[History], dict[int, np.ndarray]]:
+    """Train a stacked classifier with :func:`lnbook.seeds.fit` on ``fit``, recording the
+    accuracy on ``val`` (the histories' ``test_acc``: a validation accuracy, to choose settings
+    on), and score ``test`` only after the epochs in ``test_at`` (and after the last).
+
+    Member ``s`` sees the mini-batches :func:`lnbook.seeds.fit` would give it (a
+    ``torch.randperm`` per epoch from a generator seeded with ``seeds[s]``). Returns the
+    histories and ``{epoch: test accuracy (S,)}``.
+    """
+    if not all(isinstance(e, int) and 0 < e <= epochs for e in test_at):
+        raise ValueError(f"test_at must hold epochs in 1..epochs = {epochs}, got {describe(test_at)}")
+    s = seeds_mod.members(model)
+    if s is None:
+        raise ValueError("model must be a stacked model (lnbook.seeds.stack)")
+    if len(seeds) != s:
+        raise ValueError(f"seeds must hold one seed per member ({s}), got {describe(seeds)}")
+    n = len(fit[-1])
+    generators = [torch.Generator().manual_seed(int(seed)) for seed in seeds]
+    scored: dict[int, np.ndarray] = {}
+    done = [0]
+
+    def order() -> Sequence[torch.Tensor]:
+        if done[0] in test_at:  # the epochs before this call are finished
+            scored[done[0]] = seeds_mod.accuracy(model, test)
+        done[0] += 1
+        return torch.stack([torch.randperm(n, generator=g) for g in generators]).split(batch_size, dim=1)
+
+    histories = seeds_mod.fit(model, fit, val, epochs=epochs, lr=lr, batch_size=batch_size, seeds=seeds,
+                              optimizer=optimizer, order=order, eval_every=eval_every)
+    scored[epochs] = seeds_mod.accuracy(model, test)
+    return histories, scored
+
+
+@dataclass
+class Grid:
+    """Paired comparisons of arms at every setting of a grid, one family (Holm over all of them).
+
+    ``found``: the :class:`~lnbook.compare.Comparisons`, arms named ``"<name>, <label> <setting>"``;
+    ``skipped``: ``(setting, a, b) -> reason`` for pairs not compared (a seed without a result, or
+    the two arms equal on every seed)."""
+
+    found: Comparisons
+    skipped: dict[tuple, str]
+    names: Mapping[Hashable, str]
+    label: str = "lr"
+    settings: list = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.found)
+
+    def get(self, setting: Hashable, a: Hashable, b: Hashable) -> Comparison | None:
+        """The comparison ``a − b`` at ``setting`` (None: not compared)."""
+        try:
+            return self.found[f"{self.names[a]}, {self.label} {setting}", f"{self.names[b]}, {self.label} {setting}"]
+        except KeyError:
+            return None
+
+    def cell(self, setting: Hashable, a: Hashable, b: Hashable) -> str:
+        """A table cell that says what the verdict says: ``"+d [lo, hi], A beats B"``; an
+        interval that excludes 0 without a verdict says so (``"not separated after Holm, p 0.07"``);
+        a pair not compared says why."""
+        if (setting, a, b) in self.skipped:
+            return self.skipped[setting, a, b]
+        c = self.get(setting, a, b)
+        if c is None:
+            return "-"
+        if c.winner is not None:
+            win, lose = (a, b) if c.winner == c.a else (b, a)
+            verb = "is larger than" if c.higher is None else "beats"
+            return f"{c.interval}, {self.names[win]} {verb} {self.names[lose]}"
+        if c.low > 0 or c.high < 0:
+            return f"{c.interval}, not separated after Holm (p {c.p_holm:.2f})"
+        return f"{c.interval}, no difference measured"
+
+    def heatmap(self, ax, pairs: Sequence[tuple[Hashable, Hashable]], scale: float | None = None, title: str = "") -> object:
+        """Draw the grid on a matplotlib ``ax``: rows the settings, columns the pairs, colour the
+        difference ``a − b`` (divided by ``scale``, default the largest magnitude), hatched where
+        the adjusted test does not separate it, grey where not compared. Returns the image."""
+        from matplotlib.patches import Rectangle
+
+        diff = np.full((len(self.settings), len(pairs)), np.nan)
+        for i, setting in enumerate(self.settings):
+            for j, (a, b) in enumerate(pairs):
+                c = self.get(setting, a, b)
+                if c is not None:
+                    diff[i, j] = c.diff
+        scale = scale or (np.nanmax(np.abs(diff)) if np.isfinite(diff).any() else 1.0)
+        ax.set_facecolor("0.85")
+        image = ax.imshow(diff / scale, cmap="RdBu", vmin=-1, vmax=1, aspect="auto")
+        for i, setting in enumerate(self.settings):
+            for j, (a, b) in enumerate(pairs):
+                c = self.get(setting, a, b)
+                text = "n/c" if c is None else f"{c.diff:+.{min(c.digits, 3)}f}".replace("-", "−")
+                if c is not None and c.winner is None:
+                    ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", edgecolor="0.4",
+                                           linewidth=0))
+                dark = np.isfinite(diff[i, j]) and abs(diff[i, j] / scale) > 0.6
+                ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if dark else "black")
+        ax.set_xticks(range(len(pairs)), [f"{self.names[a]}\n− {self.names[b]}" for a, b in pairs], fontsize=7)
+        ax.set_yticks(range(len(self.settings)), [str(s) for s in self.settings])
+        ax.set_ylabel(self.label)
+        if title:
+            ax.set_title(title, fontsize=9)
+        return image
+
+
+def grid_compare(
+    measure: Callable[[Hashable, Hashable], Sequence[float] | None], pairs: Sequence[tuple[Hashable, Hashable]],
+    settings: Sequence[Hashable], names: Mapping[Hashable, str], *, higher: bool = True, digits: int = 3,
+    label: str = "lr", chance: float | None = None,
+) -> Grid:
+    """One call of :func:`lnbook.compare.compare`: each pair ``(a, b)`` at every setting where
+    both arms have a result for every seed (``measure(arm, setting)`` -> per-seed values, or
+    None). A pair whose two arms are equal on every seed is not compared; its cell reads "both at
+    chance; not compared" when both are at or below ``chance`` + 0.05."""
+    results: dict[str, np.ndarray] = {}
+    asked, skipped = [], {}
+    for setting in settings:
+        for a, b in pairs:
+            va, vb = measure(a, setting), measure(b, setting)
+            if va is None or vb is None:
+                continue
+            va, vb = np.asarray(va, dtype=float), np.asarray(vb, dtype=float)
+            if np.array_equal(va, vb):
+                low = chance is not None and max(va.max(), vb.max()) <= chance + 0.05
+                skipped[setting, a, b] = "both at chance; not compared" if low else "equal on every seed; not compared"
+                continue
+            ka, kb = f"{names[a]}, {label} {setting}", f"{names[b]}, {label} {setting}"
+            results[ka], results[kb] = va, vb
+            asked.append((ka, kb))
+    if not asked:
+        raise ValueError("measure gave no pair a result for every seed at any setting: nothing to compare")
+    return Grid(compare(results, pairs=asked, higher=higher, digits=digits), skipped, names, label, list(settings))
+
+
+def jointly(grids: Mapping[str, Grid]) -> dict[str, Grid]:
+    """Several grids shown in one table, and so tested as one family: Holm's adjustment redone
+    over all their comparisons (:func:`lnbook.compare.by_measure`); the same grids, re-adjusted."""
+    if not isinstance(grids, Mapping) or not grids or not all(isinstance(g, Grid) for g in grids.values()):
+        raise TypeError(f"grids must map measure names to Grid objects, got {describe(grids)}")
+    table = by_measure({m: g.found for m, g in grids.items()})
+    return {m: replace(g, found=table[m]) for m, g in grids.items()}
+
+
+def layer_report(nets: Sequence[MLP], x: torch.Tensor, y: torch.Tensor) -> dict[str, np.ndarray]:
+    """:func:`lnbook.models.layer_stats` of each plain MLP in ``nets`` on ``x (B, in)``, ``y (B,)``,
+    and the Frobenius norm of each Linear layer's weight (``"weight"``): arrays ``(len(nets), L)``."""
+    if not nets:
+        raise ValueError("nets must hold at least one models.MLP")
+    stats = []
+    for m in nets:
+        s = layer_stats(m, x, y)
+        s["weight"] = np.array([lin.weight.norm().item() for lin in mlp_layers(m)[0]])
+        stats.append(s)
+    return {k: np.array([s[k] for s in stats]) for k in stats[0]}
+
+
+def dead_fraction(model: nn.Module, x: torch.Tensor) -> np.ndarray:
+    """The fraction of each hidden layer's ReLU units that output 0 for every example of
+    ``x (B, in)``, in eval mode: ``(S, layers)`` for a stacked MLP, ``(1, layers)`` for a plain one.
+    A network whose units are all dead outputs its last bias whatever the input."""
+    relus = [m for m in model.modules() if isinstance(m, nn.ReLU)]
+    if not relus:
+        raise ValueError(f"model must hold nn.ReLU units, got {type(model).__name__} without any")
+    s = seeds_mod.members(model)
+    outs: list[torch.Tensor] = []
+    hooks = [r.register_forward_hook(lambda m, i, o: outs.append(o.detach())) for r in relus]
+    was = model.training
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(x if s is None else x.expand(s, *x.shape))
+    finally:
+        model.train(was)
+        for h in hooks:
+            h.remove()
+    fires = [(o.reshape(s or 1, -1, o.shape[-1]) > 0).any(1) for o in outs]  # (S, units) per layer
+    return np.stack([(~f).double().mean(-1).cpu().numpy() for f in fires], axis=1)
+
+
+def bn_projection(model: MLP, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
+    """For each BatchNorm layer of a plain MLP, ``||dL/dx|| / ||g / sigma||`` over one
+    training-mode pass on ``x (B, in)``, ``y (B,)`` (cross-entropy), on a copy: ``x`` the layer's
+    input, ``g = gain * dL/dy`` the upstream gradient, ``sigma`` the batch standard deviation. The
+    backward pass gives ``dL/dx = (g - mean(g) - x_hat mean(g x_hat)) / sigma``: it removes ``g``'s
+    components along the constant and along ``x_hat``; the ratio (at most 1) is what is left. ``(layers,)``."""
+    if not isinstance(model, MLP) or model.norm != "batch":
+        raise TypeError(f"model must be an lnbook.models.MLP with norm='batch', got {describe(model)}")
+    probe = copy.deepcopy(model).train()
+    norms = [m for m in probe.modules() if isinstance(m, MaskedBatchNorm1d)]
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def hook(m: nn.Module, inputs: tuple, out: torch.Tensor) -> None:
+        inputs[0].retain_grad()
+        out.retain_grad()
+        seen.append((inputs[0], out))
+
+    hooks = [n.register_forward_hook(hook) for n in norms]
+    try:
+        xin = x.clone().requires_grad_(True)  # so every norm's input is part of the graph
+        F.cross_entropy(probe(xin), y).backward()
+    finally:
+        for h in hooks:
+            h.remove()
+    ratios = []
+    for n, (inp, out) in zip(norms, seen):
+        sigma = torch.sqrt(inp.detach().var(0, unbiased=False) + n.eps)
+        g = out.grad * n.weight.detach()
+        ratios.append((inp.grad.norm() / (g / sigma).norm()).item())
+    return np.array(ratios)
+
+
+def fold_batchnorm(model: MLP) -> MLP:
+    """An MLP without norm layers that computes what ``model`` (a plain ``models.MLP`` with
+    ``norm="batch"``) computes in eval mode: each BatchNorm, with its running statistics, is the
+    affine map ``y = a x + c`` (``a = gain / sqrt(running_var + eps)``, ``c = bias - a running_mean``),
+    folded into the Linear layer before it (``W' = a W``, ``b' = a b + c``)."""
+    if not isinstance(model, MLP) or model.norm != "batch":
+        raise TypeError(f"model must be an lnbook.models.MLP with norm='batch', got {describe(model)}")
+    (in_features, hidden, n_classes, _), _ = model.init_args
+    folded = MLP(in_features, hidden, n_classes, "none").to(next(model.parameters()).device)
+    linears, norms = mlp_layers(model)
+    new_linears, _ = mlp_layers(folded)
+    with torch.no_grad():
+        for i, (lin, new) in enumerate(zip(linears, new_linears)):
+            w, b = lin.weight.clone(), lin.bias.clone()
+            if i < len(norms) and norms[i] is not None:
+                bn = norms[i]
+                a = bn.weight / torch.sqrt(bn.running_var + bn.eps)
+                w, b = a[:, None] * w, a * (b - bn.running_mean) + bn.bias
+            new.weight.copy_(w)
+            new.bias.copy_(b)
+    return folded.eval()
+
+
+def batch_answers(net: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int, draws: int = 3,
+                  seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Each example of ``x (N, in)`` (labels ``y (N,)``) put into ``draws`` random batches of
+    ``batch_size - 1`` other examples of ``x``, through a stacked classifier ``net`` in the mode
+    it is in: its probability for the true class and whether its prediction is right, each
+    ``(draws, S, N)``. In training mode a BatchNorm network answers differently batch by batch.
+    The network's running statistics move if it is in training mode; pass a copy."""
+    s = seeds_mod.members(net)
+    if s is None:
+        raise ValueError("net must be a stacked model (lnbook.seeds.stack)")
+    if not isinstance(batch_size, int) or not 2 <= batch_size <= len(y):
+        raise ValueError(f"batch_size must be an int in 2..{len(y)}, got {describe(batch_size)}")
+    n, device = len(y), x.device
+    g = torch.Generator().manual_seed(seed)
+    p, right = torch.empty(draws, s, n), torch.empty(draws, s, n)
+    with torch.no_grad():
+        for d in range(draws):
+            for i in range(n):
+                mates = torch.randint(0, n - 1, (s, batch_size - 1), generator=g)
+                idx = torch.cat([torch.full((s, 1), i), mates + (mates >= i)], 1).to(device)
+                out = net(x[idx])[:, 0].cpu()  # (S, classes): example i's logits
+                p[d, :, i], right[d, :, i] = out.softmax(-1)[:, int(y[i])], out.argmax(-1) == int(y[i])
+    return p.numpy(), right.numpy()
+
+
+def default_init_std(first: float, layers: int, fan_in: int, normalized: bool = False) -> np.ndarray:
+    """The standard deviation of each Linear layer's output that PyTorch's default
+    initialization predicts in a ReLU MLP of constant width: weights and biases uniform in
+    ``±1/sqrt(fan_in)`` (variance ``1/(3 fan_in)``), ReLU halving the second moment of a
+    zero-mean symmetric input, so ``v[l+1] = v[l] / 6 + 1/(3 fan_in)`` from ``v[1] = first^2``;
+    with a norm before each ReLU (``normalized``), every layer after the first gets ``1/6 + 1/(3 fan_in)``.
+    ``(layers,)``."""
+    if not isinstance(layers, int) or layers < 1 or not isinstance(fan_in, int) or fan_in < 1:
+        raise ValueError(f"layers and fan_in must be positive ints, got {describe(layers)}, {describe(fan_in)}")
+    v, out = first**2, [first]
+    for _ in range(layers - 1):
+        v = (1.0 if normalized else v) / 6 + 1 / (3 * fan_in)
+        out.append(math.sqrt(v))
+    return np.array(out)

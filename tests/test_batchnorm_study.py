@@ -1,0 +1,159 @@
+"""lnbook.batchnorm_study: chapter 01's sigmoid network, scored training, verdict grids and probes."""
+
+import numpy as np
+import pytest
+import torch
+
+from lnbook import batchnorm_study as study
+from lnbook import models, seeds, train
+
+
+def digits_like(n=120, features=8, classes=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % classes
+    x = torch.randn(n, features, generator=g) + y[:, None].float()
+    return x, y
+
+
+def mlps(norm, seed_list, width=8, features=8):
+    nets = []
+    for s in seed_list:
+        torch.manual_seed(s)
+        nets.append(models.MLP(features, (width, width), 3, norm))
+    return nets
+
+
+def test_sigmoid_mlp_init_and_stacking():
+    net = study.SigmoidMLP(8, (20, 20), 3, "batch", std=0.1, seed=3)
+    linears = [m for m in net.net if isinstance(m, torch.nn.Linear)]
+    assert len(linears) == 3 and len(net.sigmoids()) == 2
+    assert all((lin.bias == 0).all() for lin in linears)
+    assert abs(linears[0].weight.std().item() - 0.1) < 0.02
+    same = study.SigmoidMLP(8, (20, 20), 3, "batch", std=0.1, seed=3)
+    other = study.SigmoidMLP(8, (20, 20), 3, "batch", std=0.1, seed=4)
+    assert torch.equal(linears[0].weight, same.net[0].weight) and not torch.equal(linears[0].weight, other.net[0].weight)
+    plain = [study.SigmoidMLP(8, (20,), 3, "none", seed=s) for s in range(3)]
+    stacked = seeds.stack(plain)
+    x = torch.randn(5, 8)
+    out = stacked(x.expand(3, 5, 8))
+    for s, m in enumerate(plain):
+        torch.testing.assert_close(out[s], m(x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [dict(norm="layer"), dict(std=0.0), dict(hidden=())])
+def test_sigmoid_mlp_rejects_bad_arguments(bad):
+    args = dict(in_features=8, hidden=(4,), n_classes=3, norm="none", std=0.1)
+    args.update(bad)
+    with pytest.raises(ValueError):
+        study.SigmoidMLP(**args)
+
+
+def test_fit_scored_matches_seeds_fit_and_scores_test_when_asked():
+    x, y = digits_like()
+    data, val, test = (x[:80], y[:80]), (x[80:100], y[80:100]), (x[100:], y[100:])
+    ref = seeds.fit(seeds.stack(mlps("batch", [0, 1])), data, val, epochs=3, lr=0.05, batch_size=16, seeds=[0, 1],
+                    optimizer="sgd")
+    model = seeds.stack(mlps("batch", [0, 1]))
+    hist, scored = study.fit_scored(model, data, val, test, epochs=3, lr=0.05, batch_size=16, seeds=[0, 1], test_at=(1,))
+    assert all(a.step_loss == b.step_loss and a.test_acc == b.test_acc for a, b in zip(hist, ref))
+    assert sorted(scored) == [1, 3]
+    np.testing.assert_allclose(scored[3], seeds.accuracy(model, test))
+    with pytest.raises(ValueError, match="test_at"):
+        study.fit_scored(model, data, val, test, epochs=3, lr=0.05, batch_size=16, seeds=[0, 1], test_at=(4,))
+
+
+def test_recording_inputs_and_percentiles():
+    net = study.SigmoidMLP(8, (6,), 3, "none", seed=0).eval()
+    x = torch.randn(50, 8)
+    with study.recording_inputs(net.sigmoids()[0], unit=2, rows=50) as seen:
+        net(x)
+        net(x[:10])  # another size: not recorded
+    assert len(seen) == 1
+    torch.testing.assert_close(seen[0], net.net[0](x)[:, 2].detach())
+    pct = study.percentiles([torch.arange(101.0).expand(2, 101)])
+    np.testing.assert_allclose(pct, [[[15, 50, 85], [15, 50, 85]]])
+
+
+def test_grid_cells_say_what_the_verdict_says():
+    rng = np.random.default_rng(0)
+    values = {("a", 1): 1 + rng.normal(0, 0.1, 10), ("b", 1): rng.normal(0, 0.1, 10),
+              ("a", 2): np.full(10, 0.1), ("b", 2): np.full(10, 0.1),
+              ("a", 3): rng.normal(0, 1, 10), ("b", 3): rng.normal(0, 1, 10)}
+    g = study.grid_compare(lambda arm, s: values[arm, s], [("a", "b")], [1, 2, 3], {"a": "A", "b": "B"}, chance=0.1)
+    assert len(g) == 2
+    assert g.cell(1, "a", "b").endswith("A beats B")
+    assert g.cell(2, "a", "b") == "both at chance; not compared"
+    assert g.cell(3, "a", "b").endswith("no difference measured")
+    assert g.get(2, "a", "b") is None
+
+
+def test_grid_marks_an_interval_that_excludes_zero_without_a_verdict():
+    rng = np.random.default_rng(1)
+    shift = {s: 0.35 if s == 0 else 0.0 for s in range(6)}
+    values = {(arm, s): rng.normal(shift[s] if arm == "a" else 0, 0.3, 10) for arm in "ab" for s in range(6)}
+    g = study.grid_compare(lambda arm, s: values[arm, s], [("a", "b")], list(range(6)), {"a": "A", "b": "B"})
+    c = g.get(0, "a", "b")
+    if c.winner is None and (c.low > 0 or c.high < 0):
+        assert "not separated after Holm" in g.cell(0, "a", "b")
+    joint = study.jointly({"x": g, "y": g})
+    assert joint["x"].get(0, "a", "b").family == 2 * len(g)
+
+
+def test_dead_fraction_counts_units_that_never_fire():
+    net = mlps("none", [0])[0]
+    with torch.no_grad():
+        net.net[1].weight.zero_()
+        net.net[1].bias.fill_(-1.0)  # first hidden layer: every unit dead
+    x, _ = digits_like()
+    dead = study.dead_fraction(net, x)
+    assert dead.shape == (1, 2) and dead[0, 0] == 1.0
+    stacked = seeds.stack([net, mlps("none", [1])[0]])
+    both = study.dead_fraction(stacked, x)
+    assert both.shape == (2, 2) and both[0, 0] == 1.0 and both[1, 0] < 1.0
+
+
+def test_bn_projection_matches_the_formula():
+    net = mlps("batch", [0])[0]
+    x, y = digits_like(n=40)
+    ratio = study.bn_projection(net, x, y)
+    assert ratio.shape == (2,) and np.all(ratio > 0) and np.all(ratio <= 1 + 1e-6)
+    with pytest.raises(TypeError):
+        study.bn_projection(mlps("none", [0])[0], x, y)
+
+
+def test_fold_batchnorm_is_exact_in_eval_mode():
+    net = mlps("batch", [0])[0]
+    x, y = digits_like()
+    train.fit(net, (x, y), (x, y), epochs=2, lr=0.05, batch_size=16, seed=0, optimizer="sgd")
+    net.eval()
+    folded = study.fold_batchnorm(net)
+    assert not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) or "BatchNorm" in type(m).__name__
+                   for m in folded.modules())
+    with torch.no_grad():
+        torch.testing.assert_close(folded(x), net(x), rtol=1e-4, atol=1e-5)
+    with pytest.raises(TypeError):
+        study.fold_batchnorm(mlps("layer", [0])[0])
+
+
+def test_batch_answers_depend_on_the_batch_only_in_training_mode():
+    stacked = seeds.stack(mlps("batch", [0, 1]))
+    x, y = digits_like(n=30)
+    p_eval, right = study.batch_answers(stacked.eval(), x, y, batch_size=8, draws=2)
+    assert p_eval.shape == (2, 2, 30) and np.allclose(p_eval[0], p_eval[1])
+    p_train, _ = study.batch_answers(stacked.train(), x, y, batch_size=8, draws=2)
+    assert not np.allclose(p_train[0], p_train[1])
+    with pytest.raises(ValueError, match="batch_size"):
+        study.batch_answers(stacked, x, y, batch_size=1)
+
+
+def test_default_init_std_recursion_matches_a_wide_network():
+    pred = study.default_init_std(0.3, 4, 64)
+    np.testing.assert_allclose(pred[1], np.sqrt(0.09 / 6 + 1 / 192))
+    assert study.default_init_std(0.3, 3, 64, normalized=True)[2] == pytest.approx(np.sqrt(1 / 6 + 1 / 192))
+    torch.manual_seed(0)  # a measurement: wide layers of PyTorch's default init
+    width, x = 2048, torch.randn(4096, 2048) * 0.3
+    lin = torch.nn.Linear(width, width)
+    h = lin(torch.relu(x))
+    measured = h.std().item()
+    expected = study.default_init_std(0.3, 2, width)[1]
+    assert abs(measured - expected) / expected < 0.05
