@@ -115,3 +115,30 @@ def test_per_step_batchnorm_is_one_time_step_of_the_pooled_set():
     for bad in (0, 1.5, True):
         with pytest.raises(ValueError, match="ncols must be"):
             plotting.norm_axes_figure("sequence", ncols=bad)
+
+
+def test_outputs_grid_draws_one_annotated_panel_per_row_and_column():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    a = np.array([[0.04, -2.0], [1.0, 0.5], [0.0, 0.26]])  # (T, F) = (3, 2)
+    grid = {"LN": {"x": a, "y": -a}, "BN": {"x": 2 * a, "y": 0 * a}}
+    fig = plotting.outputs_grid(grid, "a finding", "output")
+    panels = [ax for ax in fig.axes if ax.images]
+    assert len(panels) == 4 and len(fig.axes) == 5  # four heatmaps and the colour bar
+    assert [ax.get_title() for ax in panels] == ["x", "y", "", ""]
+    assert panels[0].get_ylabel() == "LN\ntime step t" and panels[2].get_ylabel() == "BN\ntime step t"
+    assert [t.get_text() for t in panels[0].texts] == ["0.0", "-2.0", "1.0", "0.5", "0.0", "0.3"]
+    assert panels[2].texts[1].get_text() == "-4.0" and panels[1].texts[0].get_text() == "0.0"  # not "-0.0"
+    assert all(ax.images[0].get_clim() == (-4.0, 4.0) for ax in panels)  # one symmetric scale
+    np.testing.assert_array_equal(panels[1].images[0].get_array(), -a)
+    assert fig._suptitle.get_text() == "a finding"
+    plt.close(fig)
+    with pytest.raises(ValueError, match="must have the columns"):
+        plotting.outputs_grid({"LN": {"x": a}, "BN": {"y": a}}, "t", "c")
+    with pytest.raises(ValueError, match="2-D of one shape"):
+        plotting.outputs_grid({"LN": {"x": a, "y": a[:2]}}, "t", "c")
+    with pytest.raises(ValueError, match="non-empty dict"):
+        plotting.outputs_grid({}, "t", "c")

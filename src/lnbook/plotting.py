@@ -208,3 +208,55 @@ def residual_block_diagram(ax: Axes, position: str) -> None:
         arrow(7.4, 7.4, 3.5, 2.25)
         ax.set_title("Pre-LN: x + f(norm(x))", fontsize=10)
     ax.text(2, 9.7, "out", ha="center", fontsize=10)
+
+
+def outputs_grid(
+    grid: dict[str, dict[str, ArrayLike]],
+    title: str,
+    colorbar_label: str,
+    xlabel: str = "feature",
+    ylabel: str = "time step t",
+    figsize: tuple[float, float] | None = None,
+) -> Figure:
+    """A grid of annotated heatmaps: one row per entry of ``grid``, one column per entry of
+    each row (every row must name the same columns, in the same order).
+
+    Each value is a 2-D array, for example ``(T, F)``: one sequence's normalized outputs, time
+    steps down and features across; every array must have the same shape. All panels share one
+    colour scale, symmetric about 0, and each cell is labelled with its value to one decimal.
+    Row names label the first column's y axes, column names title the first row.
+    """
+    if not isinstance(grid, dict) or not grid or not all(isinstance(row, dict) and row for row in grid.values()):
+        raise ValueError(f"grid must be a non-empty dict of non-empty dicts of 2-D arrays, got {describe(grid)}")
+    columns = list(next(iter(grid.values())))
+    arrays = {}
+    for row, panels in grid.items():
+        if list(panels) != columns:
+            raise ValueError(f"grid[{row!r}] must have the columns {columns}, got {list(panels)}")
+        for col, values in panels.items():
+            arrays[row, col] = np.asarray(values, dtype=float)
+    shapes = {a.shape for a in arrays.values()}
+    if len(shapes) != 1 or len(next(iter(shapes))) != 2:
+        raise ValueError(f"grid's arrays must all be 2-D of one shape, got shapes {sorted(shapes)}")
+    n_steps, n_features = next(iter(shapes))
+    top = max(float(np.abs(a).max()) for a in arrays.values()) or 1.0
+    if figsize is None:
+        figsize = (2.3 * len(columns) + 0.6, 2.5 * len(grid))
+    fig, axes = plt.subplots(len(grid), len(columns), figsize=figsize, sharex=True, sharey=True, squeeze=False, layout="constrained")
+    for i, row in enumerate(grid):
+        for j, col in enumerate(columns):
+            ax, values = axes[i, j], arrays[row, col]
+            image = ax.imshow(values, cmap="RdBu_r", vmin=-top, vmax=top)
+            for (t, f), v in np.ndenumerate(values.round(1) + 0.0):
+                ax.text(f, t, f"{v:.1f}", ha="center", va="center", fontsize=7)
+            if i == 0:
+                ax.set_title(col, fontsize=9)
+            ax.grid(False)
+            ax.set_xticks(range(n_features))
+            ax.set_yticks(range(n_steps))
+        axes[i, 0].set_ylabel(f"{row}\n{ylabel}")
+    for ax in axes[-1]:
+        ax.set_xlabel(xlabel)
+    fig.colorbar(image, ax=axes, shrink=0.8, label=colorbar_label)
+    fig.suptitle(title)
+    return fig
