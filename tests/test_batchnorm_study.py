@@ -159,3 +159,99 @@ def test_default_init_std_recursion_matches_a_wide_network():
     measured = h.std().item()
     expected = study.default_init_std(0.3, 2, width)[1]
     assert abs(measured - expected) / expected < 0.05
+
+
+def test_fit_scored_items_rows_are_the_accuracy():
+    x, y = digits_like()
+    data = (x, y)
+    stack_a, stack_b = seeds.stack(mlps("batch", [0, 1])), seeds.stack(mlps("batch", [0, 1]))
+    _, acc = study.fit_scored(stack_a, data, data, data, epochs=2, lr=0.05, batch_size=30, seeds=[0, 1], test_at=(1,))
+    _, items = study.fit_scored(stack_b, data, data, data, epochs=2, lr=0.05, batch_size=30, seeds=[0, 1],
+                                test_at=(1,), items=True)
+    for e in (1, 2):
+        assert items[e].shape == (2, len(y)) and set(np.unique(items[e])) <= {0.0, 1.0}
+        np.testing.assert_array_equal(items[e].mean(1), acc[e])
+    np.testing.assert_array_equal(study.correct(stack_b, data).mean(1), seeds.accuracy(stack_b, data))
+    with pytest.raises(ValueError, match="stacked"):
+        study.correct(mlps("none", [0])[0], data)
+
+
+def test_validation_accuracy_and_train_until():
+    x, y = digits_like()
+    hist, _ = study.fit_scored(seeds.stack(mlps("none", [0, 1])), (x, y), (x[:30], y[:30]), (x, y), epochs=3, lr=0.05,
+                               batch_size=30, seeds=[0, 1])
+    val = study.validation_accuracy(hist)
+    assert val.shape == (2, 3)
+    np.testing.assert_array_equal(val[1], hist[1].test_acc)
+    m = mlps("none", [0])[0]
+    before = [p.clone() for p in m.parameters()]
+    study.train_until(m, (x, y), (x, y), steps=3, lr=0.05, seed=0, batch_size=30)
+    alone = mlps("none", [0])[0]
+    h = train.fit(alone, (x, y), (x, y), epochs=1, lr=0.05, batch_size=30, seed=0, optimizer="sgd", max_steps=3)
+    assert len(h.step_loss) == 3
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), alone.parameters()))
+    assert not all(torch.equal(p, q) for p, q in zip(m.parameters(), before))
+    with pytest.raises(ValueError, match="steps"):
+        study.train_until(m, (x, y), (x, y), steps=None, lr=0.05, seed=0)
+
+
+def test_drift():
+    pct = np.zeros((4, 2, 3))
+    pct[:, :, 0], pct[:, :, 2] = -1.0, 1.0  # spread 2 everywhere
+    pct[2:, 0, :] += 1.0  # member 0's whole distribution moves up by 1 at evaluation 2
+    np.testing.assert_allclose(study.drift(pct, 0), [0.5, 0.0])
+    np.testing.assert_allclose(study.drift(pct, 2), [0.0, 0.0])
+    np.testing.assert_allclose(study.drift(pct, [0, 1], [1, 3]), [0.0, 0.0])  # per-member windows
+    np.testing.assert_allclose(study.drift(pct, [1, 0], [2, 3]), [0.5, 0.0])
+    with pytest.raises(ValueError, match="start and stop"):
+        study.drift(pct, 7)
+    with pytest.raises(ValueError, match="pct"):
+        study.drift(pct[0], 0)
+
+
+def test_tally_and_heatmap_colour():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=10)
+    values = {("a", 1): base + 5, ("b", 1): base, ("a", 2): base, ("b", 2): base + 5, ("a", 3): base + rng.normal(size=10) * 0.01,
+              ("b", 3): base}
+    g = study.grid_compare(lambda n, s: values[n, s], [("a", "b")], [1, 2, 3], {"a": "A", "b": "B"}, higher=False)
+    won, lost, tied = study.tally(g, "a", "b")
+    assert won == [2] and lost == [1] and tied == [3]
+    fig, ax = plt.subplots()
+    image = g.heatmap(ax, [("a", "b")])
+    colour = image.get_array()
+    assert colour[1, 0] > 0 > colour[0, 0]  # fewer is better: a's smaller value at setting 2 is coloured positive
+    plt.close(fig)
+    with pytest.raises(TypeError, match="grid"):
+        study.tally({}, "a", "b")
+
+
+def test_grid_compare_items_counts_test_items():
+    rng = np.random.default_rng(0)
+    hard = rng.random(100) < 0.2
+    right = {"a": np.ones((10, 100)), "b": np.tile(~hard, (10, 1)).astype(float)}
+    g = study.grid_compare(lambda n, s: right[n], [("a", "b")], [1], {"a": "A", "b": "B"})
+    c = g.get(1, "a", "b")
+    assert np.isclose(c.diff, hard.mean()) and c.high - c.low > 0.05  # a seed-only interval would be 0 wide
+
+
+def test_log_band_stays_positive():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = np.array([[1e-4, 1e-3], [1.0, 1.0], [1e-2, 1e-1]])
+    fig, ax = plt.subplots()
+    study.log_band(ax, [0, 1], runs, "x")
+    band = ax.collections[0].get_paths()[0].vertices
+    assert (band[:, 1] > 0).all()
+    np.testing.assert_allclose(ax.lines[0].get_ydata(), np.exp(np.log(runs).mean(0)))
+    with pytest.raises(ValueError, match="positive"):
+        study.log_band(ax, [0, 1], -runs, "x")
+    plt.close(fig)

@@ -243,3 +243,42 @@ def test_by_measure_can_undo_a_verdict_that_a_smaller_family_made():
     assert small[0].winner == "b"
     joint = by_measure({"first": small, "second": others})
     assert joint["first"][0].winner is None and "Holm's correction for 2 comparisons" in joint["first"][0].sentence
+
+
+def test_compare_items_counts_the_test_items():
+    from lnbook.compare import compare_items
+
+    rng = np.random.default_rng(0)
+    # 10 seeds that agree exactly: a seed-only interval would have zero width, but the 200 items are a sample
+    hard = rng.random(200) < 0.1  # items arm b gets wrong on every seed
+    a = np.ones((10, 200))
+    b = np.tile(~hard, (10, 1)).astype(float)
+    seed_only = compare({"a": a.mean(1), "b": b.mean(1)})["a", "b"]
+    assert seed_only.low == seed_only.high
+    c = compare_items({"a": a, "b": b})["a", "b"]
+    assert np.isclose(c.diff, hard.mean())
+    k = hard.mean()
+    half = 1.96 * np.sqrt(k * (1 - k) / 200)  # the binomial half-width over the items
+    assert c.low < k < c.high and 0.7 * half < (c.high - c.low) / 2 < 1.3 * half
+    assert c.winner == "a" and c.n == 10
+
+
+def test_compare_items_no_effect_and_holm():
+    from lnbook.compare import compare_items
+
+    rng = np.random.default_rng(1)
+    arms = {k: (rng.random((8, 300)) < 0.9).astype(float) for k in ("a", "b", "c")}
+    out = compare_items(arms)
+    assert len(out) == 3 and all(c.family == 3 and c.p_holm >= c.p for c in out)
+    assert all(c.low < 0 < c.high and c.winner is None for c in out)
+
+
+def test_compare_items_bad_input():
+    from lnbook.compare import compare_items
+
+    with pytest.raises(ValueError, match="results"):
+        compare_items({"a": np.ones((5, 10))})
+    with pytest.raises(ValueError, match=r"results\['b'\]"):
+        compare_items({"a": np.ones((5, 10)), "b": np.ones(5)})
+    with pytest.raises(ValueError, match="share"):
+        compare_items({"a": np.ones((5, 10)), "b": np.ones((5, 11))})

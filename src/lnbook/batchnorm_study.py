@@ -31,7 +31,7 @@ from torch.nn import functional as F
 
 from . import seeds as seeds_mod
 from ._checks import describe
-from .compare import Comparison, Comparisons, by_measure, compare
+from .compare import Comparison, Comparisons, by_measure, compare, compare_items
 from .data import Dataset
 from .models import MLP, layer_stats, mlp_layers
 from .norms import MaskedBatchNorm1d, norm_layer
@@ -39,7 +39,8 @@ from .train import History
 
 __all__ = [
     "SigmoidMLP", "recording_inputs", "percentiles", "fit_scored", "Grid", "grid_compare", "jointly", "layer_report",
-    "dead_fraction", "bn_projection", "fold_batchnorm", "batch_answers", "default_init_std",
+    "dead_fraction", "bn_projection", "fold_batchnorm", "batch_answers", "default_init_std", "correct",
+    "validation_accuracy", "drift", "tally", "log_band", "train_until",
 ]
 
 
@@ -122,7 +123,7 @@ def percentiles(records: Sequence[torch.Tensor], q: Sequence[float] = (15, 50, 8
 def fit_scored(
     model: nn.Module, fit: Dataset, val: Dataset, test: Dataset, *, epochs: int, lr: float | Sequence[float],
     batch_size: int, seeds: Sequence[int], optimizer: str = "sgd", test_at: Sequence[int] = (),
-    eval_every: int | None = None,
+    eval_every: int | None = None, items: bool = False,
 ) -> tuple[list[History], dict[int, np.ndarray]]:
     """Train a stacked classifier with :func:`lnbook.seeds.fit` on ``fit``, recording the
     accuracy on ``val`` (the histories' ``test_acc``: a validation accuracy, to choose settings
@@ -130,7 +131,8 @@ def fit_scored(
 
     Member ``s`` sees the mini-batches :func:`lnbook.seeds.fit` would give it (a
     ``torch.randperm`` per epoch from a generator seeded with ``seeds[s]``). Returns the
-    histories and ``{epoch: test accuracy (S,)}``.
+    histories and ``{epoch: test accuracy (S,)}``; with ``items``, ``{epoch: (S, N)}``, whether
+    each member got each of the ``N`` test examples right (1.0 or 0.0; its row mean is the accuracy).
     """
     if not all(isinstance(e, int) and 0 < e <= epochs for e in test_at):
         raise ValueError(f"test_at must hold epochs in 1..epochs = {epochs}, got {describe(test_at)}")
@@ -146,14 +148,104 @@ def fit_scored(
 
     def order() -> Sequence[torch.Tensor]:
         if done[0] in test_at:  # the epochs before this call are finished
-            scored[done[0]] = seeds_mod.accuracy(model, test)
+            scored[done[0]] = correct(model, test) if items else seeds_mod.accuracy(model, test)
         done[0] += 1
         return torch.stack([torch.randperm(n, generator=g) for g in generators]).split(batch_size, dim=1)
 
     histories = seeds_mod.fit(model, fit, val, epochs=epochs, lr=lr, batch_size=batch_size, seeds=seeds,
                               optimizer=optimizer, order=order, eval_every=eval_every)
-    scored[epochs] = seeds_mod.accuracy(model, test)
+    scored[epochs] = correct(model, test) if items else seeds_mod.accuracy(model, test)
     return histories, scored
+
+
+def correct(model: nn.Module, data: Dataset, batch_size: int = 512) -> np.ndarray:
+    """Whether each member of a stacked classifier gets each example of ``data = (inputs...,
+    labels)`` right in eval mode: ``(S, N)`` of 1.0 and 0.0 (its row means are
+    :func:`lnbook.seeds.accuracy`)."""
+    s = seeds_mod.members(model)
+    if s is None:
+        raise ValueError("model must be a stacked model (lnbook.seeds.stack)")
+    was = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    rows = []
+    try:
+        with torch.no_grad():
+            for i in range(0, len(data[-1]), batch_size):
+                *inputs, y = (t[i : i + batch_size].to(device) for t in data)
+                rows.append(model(*(t.expand(s, *t.shape) for t in inputs)).argmax(-1) == y)
+    finally:
+        model.train(was)
+    return torch.cat(rows, 1).double().cpu().numpy()
+
+
+def validation_accuracy(histories: Sequence[History]) -> np.ndarray:
+    """The validation accuracy of each member at each evaluation, ``(S, evaluations)``, from the
+    histories of :func:`fit_scored` (which records the validation split where
+    :class:`lnbook.train.History` has its ``test_acc`` field: the name is train.fit's, the data the
+    validation split)."""
+    if not histories:
+        raise ValueError("histories must hold at least one History")
+    return np.array([h.test_acc for h in histories], dtype=float)
+
+
+def drift(pct: np.ndarray, start: int | Sequence[int], stop: int | Sequence[int] = -1) -> np.ndarray:
+    """How far a unit's input distribution moved between two evaluations, per member:
+    ``pct (E, S, Q)`` are its percentiles (:func:`percentiles`, 15/50/85 by default); the result
+    ``(S,)`` is the mean over the Q percentiles of ``|pct[stop] - pct[start]|`` in units of the
+    spread at ``stop`` (last percentile minus first). ``start``/``stop``: one evaluation index
+    for all members, or one per member (a window matched on each member's progress). 0: the
+    distribution stood still."""
+    pct = np.asarray(pct, dtype=float)
+    if pct.ndim != 3 or pct.shape[2] < 2:
+        raise ValueError(f"pct must be (evaluations, members, percentiles >= 2), got shape {pct.shape}")
+    e, s, _ = pct.shape
+    idx = [np.broadcast_to(np.asarray(v), (s,)) for v in (start, stop)]
+    if not all(np.issubdtype(v.dtype, np.integer) and (v >= -e).all() and (v < e).all() for v in idx):
+        raise ValueError(f"start and stop must be evaluation indices in -{e}..{e - 1} (one, or one per member), "
+                         f"got {describe(start)}, {describe(stop)}")
+    members = np.arange(s)
+    a, b = pct[idx[0], members], pct[idx[1], members]  # (S, Q)
+    return np.abs(b - a).mean(-1) / (b[:, -1] - b[:, 0])
+
+
+def tally(grid: "Grid", a: Hashable, b: Hashable) -> tuple[list, list, list]:
+    """Over the grid's settings: where ``a`` wins, where ``b`` wins, where the adjusted test
+    separates neither (settings not compared are in none of the three)."""
+    if not isinstance(grid, Grid):
+        raise TypeError(f"grid must be a Grid (grid_compare), got {describe(grid)}")
+    found = {s: grid.get(s, a, b) for s in grid.settings}
+    found = {s: c for s, c in found.items() if c is not None}
+    return ([s for s, c in found.items() if c.winner == c.a], [s for s, c in found.items() if c.winner == c.b],
+            [s for s, c in found.items() if c.winner is None])
+
+
+def log_band(ax, x: Sequence[float], runs: np.ndarray, label: str, **kwargs) -> None:
+    """For a log-scale axis: the geometric mean over runs ``(n_runs, len(x))`` (positive values)
+    as a line, and the 95% interval of the mean of log(value) (Student t), exponentiated, as a band;
+    it never reaches 0 the way a linear-space interval does. ``kwargs`` go to the line."""
+    from .utils import interval
+
+    logs = np.log(np.asarray(runs, dtype=float))
+    if logs.ndim != 2 or logs.shape[1] != len(x) or not np.isfinite(logs).all():
+        raise ValueError(f"runs must be positive and finite, shape (n_runs, {len(x)}), got shape {np.shape(runs)}")
+    (line,) = ax.plot(x, np.exp(logs.mean(0)), label=f"{label} (geometric mean of {len(logs)})", **kwargs)
+    low, high = np.array([interval(col)[1:] for col in logs.T]).T
+    ax.fill_between(x, np.exp(low), np.exp(high), color=line.get_color(), alpha=0.2, lw=0)
+
+
+def train_until(model: nn.Module, fit: Dataset, val: Dataset, *, steps: int, lr: float, seed: int,
+                batch_size: int = 64, epochs: int = 1000) -> nn.Module:
+    """Train a plain ``model`` with :func:`lnbook.train.fit` (SGD with momentum 0.9, the batches of
+    ``seed``) for exactly ``steps`` updates, the same updates its stacked twin made with that seed
+    (to checkpoint it, e.g., where the twin's loss first fell below a level). Returns ``model``."""
+    from . import train
+
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ValueError(f"steps must be a positive int (None: the level was never reached), got {describe(steps)}")
+    train.fit(model, fit, val, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed, optimizer="sgd",
+              max_steps=steps)
+    return model
 
 
 @dataclass
@@ -198,8 +290,10 @@ class Grid:
         return f"{c.interval}, no difference measured"
 
     def heatmap(self, ax, pairs: Sequence[tuple[Hashable, Hashable]], scale: float | None = None, title: str = "") -> object:
-        """Draw the grid on a matplotlib ``ax``: rows the settings, columns the pairs, colour the
-        difference ``a − b`` (divided by ``scale``, default the largest magnitude), hatched where
+        """Draw the grid on a matplotlib ``ax``: rows the settings, columns the pairs, the number the
+        difference ``a − b``, the colour that difference signed so that positive (blue) means ``a``
+        is better (negated where smaller is better; divided by ``scale``, default the largest
+        magnitude; where no side is better, the plain difference), hatched where
         the adjusted test does not separate it, grey where not compared. Returns the image."""
         from matplotlib.patches import Rectangle
 
@@ -207,8 +301,8 @@ class Grid:
         for i, setting in enumerate(self.settings):
             for j, (a, b) in enumerate(pairs):
                 c = self.get(setting, a, b)
-                if c is not None:
-                    diff[i, j] = c.diff
+                if c is not None:  # coloured so that one colour always means "the first arm is better"
+                    diff[i, j] = -c.diff if c.higher is False else c.diff
         scale = scale or (np.nanmax(np.abs(diff)) if np.isfinite(diff).any() else 1.0)
         ax.set_facecolor("0.85")
         image = ax.imshow(diff / scale, cmap="RdBu", vmin=-1, vmax=1, aspect="auto")
@@ -247,7 +341,8 @@ def grid_compare(
                 continue
             va, vb = np.asarray(va, dtype=float), np.asarray(vb, dtype=float)
             if np.array_equal(va, vb):
-                low = chance is not None and max(va.max(), vb.max()) <= chance + 0.05
+                top = max((v.mean(-1) if v.ndim == 2 else v).max() for v in (va, vb))  # the best seed's score
+                low = chance is not None and top <= chance + 0.05
                 skipped[setting, a, b] = "both at chance; not compared" if low else "equal on every seed; not compared"
                 continue
             ka, kb = f"{names[a]}, {label} {setting}", f"{names[b]}, {label} {setting}"
@@ -255,7 +350,10 @@ def grid_compare(
             asked.append((ka, kb))
     if not asked:
         raise ValueError("measure gave no pair a result for every seed at any setting: nothing to compare")
-    return Grid(compare(results, pairs=asked, higher=higher, digits=digits), skipped, names, label, list(settings))
+    items = any(v.ndim == 2 for v in results.values())
+    found = (compare_items(results, pairs=asked, higher=higher, digits=digits) if items
+             else compare(results, pairs=asked, higher=higher, digits=digits))
+    return Grid(found, skipped, names, label, list(settings))
 
 
 def jointly(grids: Mapping[str, Grid]) -> dict[str, Grid]:
