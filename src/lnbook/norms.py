@@ -348,7 +348,11 @@ class TimeStepBatchNorm(_BatchNormBase):
     ``max_steps - 1``, as that paper does; training on them raises. At a step where the
     ``mask`` leaves fewer than two real sequences (the tail of a padded batch), batch
     statistics do not exist: training then normalizes with that step's running statistics
-    and leaves them unchanged.
+    and leaves them unchanged. This fallback is the mask's: without a ``mask`` every row is a
+    real sequence, and a training batch of one (``B = 1``) raises instead of falling back,
+    while the same batch with an all-True mask takes the fallback (a fresh module then
+    returns its input divided by sqrt(1 + eps), as its running statistics are still mean 0 and
+    variance 1).
 
     Call with ``x`` of shape ``(B, F)`` and the step ``t`` (inside a recurrence), or with a
     whole sequence batch ``(B, T, F)`` and ``t=None``. ``mask`` has ``x``'s shape without F.
