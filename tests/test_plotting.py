@@ -102,6 +102,9 @@ def test_per_step_batchnorm_is_one_time_step_of_the_pooled_set():
     assert per_step.sum() == 4 and pooled.sum() == 4 * 5  # every example at one step vs at every step
     assert (per_step & ~pooled).sum() == 0 and per_step[:, 1, 0].all()
     assert (per_step & cells("LayerNorm")).sum() == 1  # they meet in one number: example 0, feature 1, step 0
+    # the credited labels draw the same two sets
+    np.testing.assert_array_equal(cells("BatchNorm, per step\n(Cooijmans et al.)"), per_step)
+    np.testing.assert_array_equal(cells("BatchNorm, pooled over time\n(Laurent et al.)"), pooled)
     names = ("BatchNorm, per step (RNN)", "BatchNorm, pooled over time", "LayerNorm", "InstanceNorm", "GroupNorm")
     fig = plotting.norm_axes_figure("sequence", names, ncols=3)
     assert [ax.get_title() for ax in fig.axes] == list(names)

@@ -46,6 +46,11 @@ NORM_SETS = {
         # torch.nn.BatchNorm1d, pools the batch and every step ("BatchNorm" above, renamed).
         "BatchNorm, per step (RNN)": (ALL, slice(1, 2), slice(0, 1)),
         "BatchNorm, pooled over time": (ALL, slice(1, 2), ALL),
+        # The same two sets credited to their sources: per step as Cooijmans et al. keep it, and
+        # pooled over the batch and time ("sequence-wise") as Laurent et al. and Deep Speech 2
+        # apply it inside recurrent networks, so neither label reads as the only RNN form.
+        "BatchNorm, per step\n(Cooijmans et al.)": (ALL, slice(1, 2), slice(0, 1)),
+        "BatchNorm, pooled over time\n(Laurent et al.)": (ALL, slice(1, 2), ALL),
     },
     "image": {
         "BatchNorm": (ALL, slice(1, 2), ALL),
@@ -124,8 +129,9 @@ def norm_axes_figure(
             an ``(N, C, H, W)`` batch (depth = pixels H·W).
         norms: any of ``BatchNorm``, ``LayerNorm``, ``InstanceNorm``, ``GroupNorm``; for a
             sequence also ``"BatchNorm, per step (RNN)"`` (the batch at one time step) and
-            ``"BatchNorm, pooled over time"`` (the same set as ``BatchNorm``). Each panel is
-            titled with its name.
+            ``"BatchNorm, pooled over time"`` (the same set as ``BatchNorm``), or the same two
+            credited to their sources, ``"BatchNorm, per step\\n(Cooijmans et al.)"`` and
+            ``"BatchNorm, pooled over time\\n(Laurent et al.)"``. Each panel is titled with its name.
         ncols: panels per row; ``None`` puts at most two in a row.
     """
     depth = {"sequence": "time T", "image": "pixels H·W"}
