@@ -257,6 +257,26 @@ def _as_results(results: Mapping[str, Sequence[float]], diverged: str | float | 
     return arms, lost
 
 
+def _pairs(names: list[str], baseline: str | None, pairs: Sequence[tuple[str, str]] | None) -> list[tuple[str, str]]:
+    """The pairs to compare: every arm against ``baseline``, the given ``pairs`` (checked), or
+    every pair of arms in order."""
+    if baseline is not None and pairs is not None:
+        raise ValueError("give baseline or pairs, not both")
+    if baseline is not None:
+        if baseline not in names:
+            raise ValueError(f"baseline must be one of the arms {tuple(names)}, got {describe(baseline)}")
+        return [(n, baseline) for n in names if n != baseline]
+    if pairs is None:
+        return [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+    pairs = list(pairs)
+    if not pairs:
+        raise ValueError("pairs must name at least one pair of arms")
+    for pair in pairs:
+        if not (isinstance(pair, tuple) and len(pair) == 2 and all(p in names for p in pair) and pair[0] != pair[1]):
+            raise ValueError(f"each pair must be two different arms of {tuple(names)}, got {describe(pair)}")
+    return pairs
+
+
 def compare(
     results: Mapping[str, Sequence[float]],
     baseline: str | None = None,
@@ -298,20 +318,7 @@ def compare(
     names = list(arms)
     if not all(isinstance(k, str) for k in names):
         raise TypeError(f"results' keys must be arm names (str), got {names}")
-    if baseline is not None and pairs is not None:
-        raise ValueError("give baseline or pairs, not both")
-    if baseline is not None:
-        if baseline not in arms:
-            raise ValueError(f"baseline must be one of the arms {tuple(names)}, got {describe(baseline)}")
-        pairs = [(n, baseline) for n in names if n != baseline]
-    elif pairs is None:
-        pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
-    pairs = list(pairs)
-    if not pairs:
-        raise ValueError("pairs must name at least one pair of arms")
-    for pair in pairs:
-        if not (isinstance(pair, tuple) and len(pair) == 2 and all(p in arms for p in pair) and pair[0] != pair[1]):
-            raise ValueError(f"each pair must be two different arms of {tuple(names)}, got {describe(pair)}")
+    pairs = _pairs(names, baseline, pairs)
 
     stats = []
     for a, b in pairs:
@@ -449,20 +456,7 @@ def compare_items(
     if len({v.shape for v in arms.values()}) > 1:
         raise ValueError(f"results must share one (seeds, items) shape, got { {k: v.shape for k, v in arms.items()} }")
     names = list(arms)
-    if baseline is not None and pairs is not None:
-        raise ValueError("give baseline or pairs, not both")
-    if baseline is not None:
-        if baseline not in arms:
-            raise ValueError(f"baseline must be one of the arms {tuple(names)}, got {describe(baseline)}")
-        pairs = [(n, baseline) for n in names if n != baseline]
-    elif pairs is None:
-        pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
-    pairs = list(pairs)
-    if not pairs:
-        raise ValueError("pairs must name at least one pair of arms")
-    for pair in pairs:
-        if not (isinstance(pair, tuple) and len(pair) == 2 and all(p in arms for p in pair) and pair[0] != pair[1]):
-            raise ValueError(f"each pair must be two different arms of {tuple(names)}, got {describe(pair)}")
+    pairs = _pairs(names, baseline, pairs)
     stats = [_two_level(arms[a] - arms[b], 1 - ALPHA, draws, seed) for a, b in pairs]
     adjusted = holm([p for _, _, p in stats])
     rows = []
