@@ -71,3 +71,25 @@ def test_add_noise_is_seeded_and_over_batches_formats():
     with pytest.raises(ValueError, match="sigma"):
         probes.add_noise(x, -1.0)
     assert probes.over_batches(np.array([0.5, 0.25, 0.75])) == "50% (25% to 75%)"
+
+
+def test_training_mode_accuracy_uses_each_batchs_statistics_and_leaves_the_model():
+    seed_everything(0)
+    model = ensemble.stacked_rnn(2, 3, 5, 2, "batch_per_step", max_steps=4)
+    x, y = torch.randn(9, 4, 3), torch.randint(0, 2, (9,))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    acc = probes.training_mode_accuracy(model.eval(), (x, y), batch_size=9)
+    assert not model.training and all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    with torch.no_grad():  # one batch of all nine: the batch statistics of the whole set
+        expected = (model.train()(x.expand(2, -1, -1, -1)).argmax(-1) == y).double().mean(-1).numpy()
+    np.testing.assert_allclose(acc, expected)
+    # batches of one: a per-step BatchNorm's lone example falls back to the running statistics,
+    # the same as evaluation mode
+    model.eval()
+    with torch.no_grad():
+        eval_acc = (model(x.expand(2, -1, -1, -1)).argmax(-1) == y).double().mean(-1).numpy()
+    np.testing.assert_allclose(probes.training_mode_accuracy(model, (x, y), batch_size=1), eval_acc)
+    with pytest.raises(ValueError, match="batch_size"):
+        probes.training_mode_accuracy(model, (x, y), batch_size=0)
+    with pytest.raises(TypeError, match="stacked"):
+        probes.training_mode_accuracy(torch.nn.Linear(2, 2), (x, y), batch_size=2)

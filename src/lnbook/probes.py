@@ -7,6 +7,8 @@
   new inputs (AdaBN, Li et al.);
 - :func:`accuracy_by_length`: a stacked classifier's accuracy on each sequence length of a
   padded test set;
+- :func:`training_mode_accuracy`: a stacked classifier scored in training mode, its norms
+  using the statistics of random test batches of a given size, as the network trained;
 - :func:`add_noise`: test inputs with Gaussian pixel noise, a shift no per-unit affine map undoes;
 - :func:`over_batches`: ``mean (min to max)`` of a quantity measured on every batch.
 """
@@ -84,6 +86,31 @@ def accuracy_by_length(model: nn.Module, data: Dataset) -> dict[int, np.ndarray]
         right = model(x.expand(s, *x.shape).to(device), lengths.expand(s, -1).to(device)).argmax(-1).cpu() == y
     model.train(was_training)
     return {int(n): right[:, lengths == n].double().mean(1).numpy() for n in torch.unique(lengths)}
+
+
+def training_mode_accuracy(model: nn.Module, data: Dataset, batch_size: int, seed: int = 0) -> np.ndarray:
+    """Each member's accuracy on ``data = (inputs..., y)`` in training mode: the examples in
+    random batches of ``batch_size`` (one permutation from a generator seeded with ``seed``,
+    the same batches for every member; a last, smaller batch is kept), each batch's norms
+    using that batch's statistics. ``model`` is stacked by :func:`lnbook.seeds.stack`
+    (``E`` members); it runs on a copy, so its running statistics are not changed: ``(E,)``."""
+    s = getattr(model, "members", None)
+    if s is None:
+        raise TypeError(f"model must be stacked by lnbook.seeds.stack, got {type(model).__name__}")
+    if not isinstance(data, tuple) or len(data) < 2:
+        raise ValueError(f"data must be (inputs..., y), got {describe(data)}")
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {describe(batch_size)}")
+    net = copy.deepcopy(model).train()
+    device = next(net.parameters()).device
+    *inputs, y = data
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
+    right = torch.zeros(s)
+    with torch.no_grad():
+        for idx in order.split(batch_size):
+            logits = net(*(t[idx].expand(s, *t[idx].shape).to(device) for t in inputs))
+            right += (logits.argmax(-1).cpu() == y[idx]).sum(-1)
+    return (right / len(y)).double().numpy()
 
 
 def add_noise(x: torch.Tensor, sigma: float, seed: int = 0) -> torch.Tensor:
