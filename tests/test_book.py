@@ -167,7 +167,7 @@ def chapter_numbers(toc: dict) -> dict[str, int | None]:
 
 def test_chapters_are_numbered_as_their_notebooks():
     """Chapter NN_name is chapter NN in the sidebar, in its title and in its exercises' numbers
-    ("Exercise 2.1"); the quickstart (00) is unnumbered, and its exercises read 1, 2, 3."""
+    ("Exercise 2.1"); the quickstart (00) is unnumbered, and its exercises read 1, 2, ..."""
     expected = {f"notebooks/{p.stem}": int(p.stem[:2]) or None for p in NOTEBOOKS}
     assert {f: n for f, n in chapter_numbers(TOC).items() if f.startswith("notebooks/")} == expected
     # One level deep: a deeper number would prefix the chapters' own headings ("2.1 1. Padding ...").
