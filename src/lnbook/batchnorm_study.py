@@ -381,7 +381,8 @@ def layer_report(nets: Sequence[MLP], x: torch.Tensor, y: torch.Tensor) -> dict[
 def dead_fraction(model: nn.Module, x: torch.Tensor) -> np.ndarray:
     """The fraction of each hidden layer's ReLU units that output 0 for every example of
     ``x (B, in)``, in eval mode: ``(S, layers)`` for a stacked MLP, ``(1, layers)`` for a plain one.
-    A network whose units are all dead outputs its last bias whatever the input."""
+    When every unit of a hidden layer is dead, the layers after it see a constant and the logits are
+    the same for every input (the output layer's bias, when the dead layer is the last hidden one)."""
     relus = [m for m in model.modules() if isinstance(m, nn.ReLU)]
     if not relus:
         raise ValueError(f"model must hold nn.ReLU units, got {type(model).__name__} without any")
