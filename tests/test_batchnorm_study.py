@@ -72,6 +72,16 @@ def test_recording_inputs_and_percentiles():
     torch.testing.assert_close(seen[0], net.net[0](x)[:, 2].detach())
     pct = study.percentiles([torch.arange(101.0).expand(2, 101)])
     np.testing.assert_allclose(pct, [[[15, 50, 85], [15, 50, 85]]])
+    with study.recording_inputs(net.sigmoids()[0], unit=None, rows=50) as every:
+        net(x)
+    torch.testing.assert_close(every[0], net.net[0](x).detach().T)  # (units, examples)
+    torch.testing.assert_close(every[0][2], seen[0])
+    units = torch.stack([torch.arange(101.0), 2 * torch.arange(101.0)])  # (U=2, B=101)
+    np.testing.assert_allclose(study.percentiles([units.expand(3, 2, 101)]).shape, (1, 3, 2, 3))
+    np.testing.assert_allclose(study.percentiles([units.expand(3, 2, 101)])[0, 1], [[15, 50, 85], [30, 100, 170]])
+    with pytest.raises(ValueError, match="unit"):
+        with study.recording_inputs(net.sigmoids()[0], unit=-1):
+            pass
 
 
 def test_grid_cells_say_what_the_verdict_says():
@@ -207,6 +217,21 @@ def test_drift():
         study.drift(pct, 7)
     with pytest.raises(ValueError, match="pct"):
         study.drift(pct[0], 0)
+    units = np.stack([pct, pct * 2, pct + 5], axis=2)  # (E, S, U=3, Q): unit 1 twice as wide, unit 2 shifted
+    units[3, 1, 2] += 1.0  # member 1's unit 2 moves up by 1 at the last evaluation only
+    got = study.drift(units, 0)
+    assert got.shape == (2, 3)
+    np.testing.assert_allclose(got, [[0.5, 0.5, 0.5], [0.0, 0.0, 0.5]])
+    np.testing.assert_allclose(got[:, 0], study.drift(pct, 0))
+
+
+def test_largest_trained_needs_every_seed():
+    acc = {0.1: [0.9, 0.95], 0.3: [0.97, 0.4], 1.0: [0.1, 0.1]}  # 0.3: mean 0.685 > 0.5, one seed below
+    assert study.largest_trained(acc) == 0.1
+    assert study.largest_trained(acc, floor=0.3) == 0.3
+    assert study.largest_trained({0.1: [0.2, 0.3]}) is None
+    with pytest.raises(ValueError, match="accuracy"):
+        study.largest_trained({})
 
 
 def test_tally_and_heatmap_colour():

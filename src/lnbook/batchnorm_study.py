@@ -2,10 +2,13 @@
 
 - :class:`SigmoidMLP`: Ioffe and Szegedy's MNIST network (sigmoid units from a small Gaussian
   initialization, BatchNorm before each sigmoid or none), a plain model that
-  :func:`lnbook.seeds.stack` stacks; :func:`recording_inputs` records what reaches one of its
-  sigmoids during training, for the percentiles of their Fig. 1(b, c).
+  :func:`lnbook.seeds.stack` stacks; :func:`recording_inputs` records what reaches one or all of
+  its sigmoids during training, for the percentiles of their Fig. 1(b, c), and :func:`drift` says
+  how far those percentiles moved.
 - :func:`fit_scored`: :func:`lnbook.seeds.fit` on a training split, scoring a validation split
   every epoch (to choose settings on) and the test set only after the epochs asked for.
+- :func:`largest_trained`: the chapter's range rule (the largest learning rate at which every
+  seed's accuracy is above a floor).
 - :class:`Grid` (:func:`grid_compare`): one family of paired comparisons over a grid of settings
   (learning rates), with table cells that say what the verdict says, and a heatmap of it.
 - Probes of a trained MLP: :func:`layer_report` (layer statistics and weight norms per seed),
@@ -40,7 +43,7 @@ from .train import History
 __all__ = [
     "SigmoidMLP", "recording_inputs", "percentiles", "fit_scored", "Grid", "grid_compare", "jointly", "layer_report",
     "dead_fraction", "bn_projection", "fold_batchnorm", "batch_answers", "default_init_std", "correct",
-    "validation_accuracy", "drift", "tally", "log_band", "train_until",
+    "validation_accuracy", "drift", "largest_trained", "tally", "log_band", "train_until",
 ]
 
 
@@ -91,19 +94,23 @@ class SigmoidMLP(nn.Module):
 
 
 @contextlib.contextmanager
-def recording_inputs(module: nn.Module, unit: int = 0, rows: int | None = None) -> Iterator[list[torch.Tensor]]:
+def recording_inputs(module: nn.Module, unit: int | None = 0, rows: int | None = None) -> Iterator[list[torch.Tensor]]:
     """While open, every eval-mode call of ``module`` (on ``rows`` examples, when given: the
-    evaluation set's size) appends the input of feature ``unit`` to the list it yields: ``(S, B)``
-    for a stacked model (``(B,)`` for a plain one), one entry per evaluation
+    evaluation set's size) appends what reaches it to the list it yields, one entry per call:
+    the input of feature ``unit``, ``(S, B)`` for a stacked model (``(B,)`` for a plain one), or,
+    with ``unit=None``, of every feature, ``(S, U, B)`` (``(U, B)``), the examples last.
     (:func:`lnbook.seeds.fit` evaluates in eval mode, so with ``eval_every`` this records the
-    unit's input on the evaluation set over training)."""
+    inputs on the evaluation set over training.)"""
     if not isinstance(module, nn.Module):
         raise TypeError(f"module must be a torch module, got {describe(module)}")
+    if unit is not None and (not isinstance(unit, int) or isinstance(unit, bool) or unit < 0):
+        raise ValueError(f"unit must be a feature index >= 0 or None (every feature), got {describe(unit)}")
     seen: list[torch.Tensor] = []
 
     def hook(m: nn.Module, inputs: tuple, _out: torch.Tensor) -> None:
         if not m.training and (rows is None or inputs[0].shape[-2] == rows):
-            seen.append(inputs[0][..., unit].detach().cpu().clone())
+            x = inputs[0].detach()
+            seen.append((x.transpose(-1, -2) if unit is None else x[..., unit]).cpu().clone())
 
     handle = module.register_forward_hook(hook)
     try:
@@ -113,11 +120,12 @@ def recording_inputs(module: nn.Module, unit: int = 0, rows: int | None = None) 
 
 
 def percentiles(records: Sequence[torch.Tensor], q: Sequence[float] = (15, 50, 85)) -> np.ndarray:
-    """``records``: what :func:`recording_inputs` recorded, ``E`` tensors ``(S, B)``. Returns the
-    ``q`` percentiles over the ``B`` examples, ``(E, S, len(q))``."""
+    """``records``: what :func:`recording_inputs` recorded, ``E`` tensors ``(S, B)`` or
+    ``(S, U, B)``. Returns the ``q`` percentiles over the ``B`` examples, ``(E, S, len(q))`` or
+    ``(E, S, U, len(q))``."""
     if not records:
         raise ValueError("records must hold at least one recorded evaluation, got none")
-    return np.stack([np.percentile(r.double().numpy(), list(q), axis=-1).T for r in records])
+    return np.stack([np.moveaxis(np.percentile(r.double().numpy(), list(q), axis=-1), 0, -1) for r in records])
 
 
 def fit_scored(
@@ -190,23 +198,32 @@ def validation_accuracy(histories: Sequence[History]) -> np.ndarray:
 
 
 def drift(pct: np.ndarray, start: int | Sequence[int], stop: int | Sequence[int] = -1) -> np.ndarray:
-    """How far a unit's input distribution moved between two evaluations, per member:
-    ``pct (E, S, Q)`` are its percentiles (:func:`percentiles`, 15/50/85 by default); the result
-    ``(S,)`` is the mean over the Q percentiles of ``|pct[stop] - pct[start]|`` in units of the
-    spread at ``stop`` (last percentile minus first). ``start``/``stop``: one evaluation index
-    for all members, or one per member (a window matched on each member's progress). 0: the
-    distribution stood still."""
+    """How far a unit's input distribution moved between two evaluations, per member (and unit):
+    ``pct (E, S, Q)`` or ``(E, S, U, Q)`` are the percentiles of one unit or of ``U`` units
+    (:func:`percentiles`, 15/50/85 by default); the result, ``(S,)`` or ``(S, U)``, is the mean
+    over the Q percentiles of ``|pct[stop] - pct[start]|`` in units of the spread at ``stop``
+    (last percentile minus first). ``start``/``stop``: one evaluation index for all members, or
+    one per member (a window matched on each member's progress). 0: the distribution stood still."""
     pct = np.asarray(pct, dtype=float)
-    if pct.ndim != 3 or pct.shape[2] < 2:
-        raise ValueError(f"pct must be (evaluations, members, percentiles >= 2), got shape {pct.shape}")
-    e, s, _ = pct.shape
+    if pct.ndim not in (3, 4) or pct.shape[-1] < 2:
+        raise ValueError(f"pct must be (evaluations, members, [units,] percentiles >= 2), got shape {pct.shape}")
+    e, s = pct.shape[:2]
     idx = [np.broadcast_to(np.asarray(v), (s,)) for v in (start, stop)]
     if not all(np.issubdtype(v.dtype, np.integer) and (v >= -e).all() and (v < e).all() for v in idx):
         raise ValueError(f"start and stop must be evaluation indices in -{e}..{e - 1} (one, or one per member), "
                          f"got {describe(start)}, {describe(stop)}")
     members = np.arange(s)
-    a, b = pct[idx[0], members], pct[idx[1], members]  # (S, Q)
-    return np.abs(b - a).mean(-1) / (b[:, -1] - b[:, 0])
+    a, b = pct[idx[0], members], pct[idx[1], members]  # (S, [U,] Q)
+    return np.abs(b - a).mean(-1) / (b[..., -1] - b[..., 0])
+
+
+def largest_trained(accuracy: Mapping[float, Sequence[float]], floor: float = 0.5) -> float | None:
+    """The chapter's range rule: the largest learning rate at which *every* seed's accuracy is
+    above ``floor``. ``accuracy``: learning rate -> per-seed accuracies ``(S,)``. None: no rate."""
+    if not accuracy:
+        raise ValueError("accuracy must map at least one learning rate to per-seed accuracies")
+    rates = [lr for lr, acc in accuracy.items() if len(acc) and (np.asarray(acc, dtype=float) > floor).all()]
+    return max(rates) if rates else None
 
 
 def tally(grid: "Grid", a: Hashable, b: Hashable) -> tuple[list, list, list]:
