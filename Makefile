@@ -16,7 +16,8 @@ TIMES := $(LOGS)/notebook-times.md
 # nbval compares printed digits, and PyTorch, MKL and oneDNN pick their CPU kernels by the
 # instructions the CPU has; AVX-512 kernels sum in another order than the AVX2 kernels that
 # made the stored outputs. Pin all three to AVX2, which every x86-64 CPU of the last decade has,
-# so that the outputs reproduce on either kind of machine.
+# so that the outputs do not depend on AVX-512. MKL still picks its kernels by CPU model, so a CPU
+# of another model can move the last digit of trained results (book/reproducibility.md).
 export ATEN_CPU_CAPABILITY := avx2
 export MKL_ENABLE_INSTRUCTIONS := AVX2
 export ONEDNN_MAX_CPU_ISA := AVX2
