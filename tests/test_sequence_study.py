@@ -9,8 +9,10 @@ from lnbook.sequence_study import grid_fit
 @pytest.fixture(scope="module")
 def digits():
     (rows, labels), _ = data.digits_sequences("row")  # (N, 8, 8) digit rows
-    torch.set_num_threads(1)
-    return (rows[:192], labels[:192]), (rows[192:256], labels[192:256]), (rows[256:320], labels[256:320])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # for this module's tests only: the worker's other tests keep their count
+    yield (rows[:192], labels[:192]), (rows[192:256], labels[192:256]), (rows[256:320], labels[256:320])
+    torch.set_num_threads(threads)
 
 
 def test_each_rate_trains_as_it_would_alone(digits):
