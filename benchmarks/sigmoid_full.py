@@ -1,7 +1,7 @@
 """Chapter 01's sigmoid networks (Ioffe and Szegedy's MNIST setting on the 8x8 digits) for the
 paper's full 50,000 updates, once, outside the notebook (which trains them for 1,600).
 
-    PYTHONPATH=src python benchmarks/sigmoid_full.py --lr-none 0.3 --lr-batch 0.03 0.1   # ~10 min on one CPU thread
+    PYTHONPATH=src python benchmarks/sigmoid_full.py --lr-none 0.3 --lr-batch 0.03 0.1
     PYTHONPATH=src python benchmarks/sigmoid_full.py --updates 400 --out /tmp/x      # a smoke run
 
 Both arms (no norm, BatchNorm before each sigmoid), ten seeds each, trained as one stack per
@@ -35,7 +35,7 @@ import torch
 from lnbook import batchnorm_study as study
 from lnbook import data, seeds
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "src" / "lnbook" / "results"  # shipped with the package
 UPDATES_PER_EPOCH = 20  # 1,149 training digits in batches of 60
 
 

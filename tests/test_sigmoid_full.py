@@ -1,8 +1,14 @@
 """benchmarks/sigmoid_full.py, the run behind chapter 01's 50,000-update verdict, in a smoke size."""
 
+import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
+
+import numpy as np
+
+from lnbook import batchnorm_study as study
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,9 +35,25 @@ def test_smoke_run_writes_both_files_with_provenance(tmp_path):
     assert all(set(r[3]) <= {"0", "1"} and len(r[3]) == 360 for r in tests[1:])
 
 
-def test_stored_results_cover_the_full_run():
-    head, curves = read(ROOT / "benchmarks" / "results" / "sigmoid_full-curves.csv")
-    assert any("50000 updates" in line for line in head)
-    assert max(int(r[3]) for r in curves[1:]) == 50_000
-    _, tests = read(ROOT / "benchmarks" / "results" / "sigmoid_full-test.csv")
-    assert {r[0] for r in tests[1:]} == {"none", "batch"} and all(len(r[3]) == 360 for r in tests[1:])
+def test_stored_results_cover_the_full_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # read from the installed package, not from a path relative to notebooks/
+    run = study.stored_sigmoid_run()
+    assert any("50000 updates" in line for line in run.provenance) and run.seeds == list(range(10))
+    assert set(run.right) == {("none", 0.3), ("batch", 0.03), ("batch", 0.1)}
+    for key, right in run.right.items():
+        assert right.shape == (10, 360) and set(np.unique(right)) <= {0.0, 1.0}
+        assert max(run.val[key]) == 50_000 and list(run.val[key]) == list(run.loss[key])
+        assert all(v.shape == (10,) and ((0 <= v) & (v <= 1)).all() for v in run.val[key].values())
+
+
+def test_the_wheel_ships_the_stored_results(tmp_path):
+    # Colab installs lnbook from git: the stored run must be inside the built package, not only in the checkout
+    source = tmp_path / "source"  # a copy, so that the build leaves nothing in the checkout
+    shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path),
+                    str(source)], check=True, capture_output=True, text=True, timeout=300)
+    (wheel,) = tmp_path.glob("lnbook-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {"lnbook/results/sigmoid_full-curves.csv", "lnbook/results/sigmoid_full-test.csv"} <= set(names)

@@ -7,6 +7,8 @@
   how far those percentiles moved.
 - :func:`fit_scored`: :func:`lnbook.seeds.fit` on a training split, scoring a validation split
   every epoch (to choose settings on) and the test set only after the epochs asked for.
+- :func:`stored_sigmoid_run`: the 50,000-update run of ``benchmarks/sigmoid_full.py``, whose
+  results ship inside the package (``lnbook/results/``), so the chapter reads them in Colab too.
 - :func:`largest_trained`: the chapter's range rule (the largest learning rate at which every
   seed's accuracy is above a floor).
 - :class:`Grid` (:func:`grid_compare`): one family of paired comparisons over a grid of settings
@@ -23,9 +25,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import csv
 import math
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from importlib import resources
 
 import numpy as np
 import torch
@@ -215,6 +219,49 @@ def drift(pct: np.ndarray, start: int | Sequence[int], stop: int | Sequence[int]
     members = np.arange(s)
     a, b = pct[idx[0], members], pct[idx[1], members]  # (S, [U,] Q)
     return np.abs(b - a).mean(-1) / (b[..., -1] - b[..., 0])
+
+
+@dataclass
+class StoredRun:
+    """A stored run of :class:`SigmoidMLP` stacks (``benchmarks/sigmoid_full.py``), keyed by
+    ``(norm, lr)``: ``val`` and ``loss`` map each evaluation's update to the per-seed validation
+    accuracy and mean training loss since the last evaluation ``(S,)``; ``right`` holds whether
+    each test digit was classified right after the last update ``(S, n_test)``. Seeds in
+    ascending order (``seeds``); ``provenance``: the machine, commit, date and command."""
+
+    provenance: list[str]
+    seeds: list[int]
+    val: dict[tuple[str, float], dict[int, np.ndarray]]
+    loss: dict[tuple[str, float], dict[int, np.ndarray]]
+    right: dict[tuple[str, float], np.ndarray]
+
+
+def _stored_csv(name: str) -> tuple[list[str], list[dict[str, str]]]:
+    lines = (resources.files("lnbook") / "results" / name).read_text().splitlines()
+    return [line[2:] for line in lines if line.startswith("# ")], list(csv.DictReader(l for l in lines if not l.startswith("#")))
+
+
+def stored_sigmoid_run() -> StoredRun:
+    """The 50,000-update sigmoid run that chapter 01 cannot afford to train (ten seeds; no norm
+    and BatchNorm at the rates it names), read from the files ``benchmarks/sigmoid_full.py``
+    wrote into ``lnbook/results/``: installed with the package, so no repository is needed."""
+    provenance, curves = _stored_csv("sigmoid_full-curves.csv")
+    _, tests = _stored_csv("sigmoid_full-test.csv")
+    by_seed: dict[tuple[str, float], dict[int, dict[int, tuple[float, float]]]] = {}
+    for r in curves:
+        by_seed.setdefault((r["arm"], float(r["lr"])), {}).setdefault(int(r["update"]), {})[int(r["seed"])] = (
+            float(r["val_acc"]), float(r["train_loss"]))
+    right: dict[tuple[str, float], dict[int, np.ndarray]] = {}
+    for r in tests:
+        right.setdefault((r["arm"], float(r["lr"])), {})[int(r["seed"])] = np.array([int(c) for c in r["right"]], dtype=float)
+    seeds = sorted(next(iter(right.values())))
+    if any(sorted(v) != seeds for v in right.values()) or set(by_seed) != set(right):
+        raise ValueError("the stored sigmoid run's files disagree on its arms, rates or seeds")
+    return StoredRun(
+        provenance=provenance, seeds=seeds,
+        val={k: {u: np.array([at[s][0] for s in seeds]) for u, at in sorted(v.items())} for k, v in sorted(by_seed.items())},
+        loss={k: {u: np.array([at[s][1] for s in seeds]) for u, at in sorted(v.items())} for k, v in sorted(by_seed.items())},
+        right={k: np.stack([v[s] for s in seeds]) for k, v in sorted(right.items())})
 
 
 def largest_trained(accuracy: Mapping[float, Sequence[float]], floor: float = 0.5) -> float | None:
