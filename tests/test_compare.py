@@ -273,6 +273,19 @@ def test_compare_items_no_effect_and_holm():
     assert all(c.low < 0 < c.high and c.winner is None for c in out)
 
 
+def test_compare_items_pairs_share_one_resample():
+    from lnbook.compare import compare_items
+
+    rng = np.random.default_rng(2)
+    arms = {k: (rng.random((6, 150)) < p).astype(float) for k, p in (("a", 0.9), ("b", 0.8), ("c", 0.85))}
+    alone = compare_items(arms, pairs=[("a", "b")])["a", "b"]
+    joint = compare_items(arms, pairs=[("a", "c"), ("a", "b")])["a", "b"]
+    # the same draws for every pair: a pair's interval and raw p do not depend on the others in the call
+    assert (alone.low, alone.high, alone.p) == (joint.low, joint.high, joint.p) and joint.p_holm >= alone.p_holm
+    other_seed = compare_items(arms, pairs=[("a", "b")], seed=1)["a", "b"]
+    assert (other_seed.low, other_seed.high) != (alone.low, alone.high)
+
+
 def test_compare_items_bad_input():
     from lnbook.compare import compare_items
 

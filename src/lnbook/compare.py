@@ -15,6 +15,7 @@ results at that setting only.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -396,16 +397,26 @@ def select(
     return Selection(setting, best_val, chosen)
 
 
+@functools.lru_cache(maxsize=4)
+def _resamples(seeds: int, items: int, draws: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The bootstrap's draws, ``(draws, seeds)`` and ``(draws, items)``: how often each seed and
+    each item is drawn. They depend only on the shape and the seed, so every pair of a call, and
+    every call of the same shape, shares them (drawing the items' counts is the slow part)."""
+    rng = np.random.default_rng(seed)
+    ws = rng.multinomial(seeds, np.full(seeds, 1 / seeds), size=draws).astype(float)
+    wi = rng.multinomial(items, np.full(items, 1 / items), size=draws).astype(float)
+    ws.flags.writeable = wi.flags.writeable = False
+    return ws, wi
+
+
 def _two_level(d: np.ndarray, level: float, draws: int, seed: int) -> tuple[float, float, float]:
     """The paired two-level bootstrap of the mean of ``d (seeds, items)``: each draw resamples
     the seeds and, independently, the items (both with replacement, the same draw for both arms,
     so the pairing is kept) and takes the mean of the resampled block. Returns the percentile
     interval at ``level`` and the test of mean 0 (the share of centred resampled means at least
     as far from 0 as the observed one)."""
-    rng = np.random.default_rng(seed)
     s, n = d.shape
-    ws = rng.multinomial(s, np.full(s, 1 / s), size=draws).astype(float)  # (draws, seeds): how often each seed
-    wi = rng.multinomial(n, np.full(n, 1 / n), size=draws).astype(float)  # (draws, items): how often each item
+    ws, wi = _resamples(s, n, draws, seed)
     means = np.einsum("dn,dn->d", ws @ d, wi) / (s * n)
     low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
     centred = means - d.mean()
