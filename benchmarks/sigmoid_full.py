@@ -39,7 +39,8 @@ RESULTS = Path(__file__).resolve().parents[1] / "src" / "lnbook" / "results"  # 
 UPDATES_PER_EPOCH = 20  # 1,149 training digits in batches of 60
 
 
-def provenance(args: argparse.Namespace) -> list[str]:
+def provenance(setting: str) -> list[str]:
+    """The leading lines of a result file: machine, commit, date, command, versions, and ``setting``."""
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
@@ -52,8 +53,7 @@ def provenance(args: argparse.Namespace) -> list[str]:
     return [f"machine: {platform.node()}, {cpu}, 1 torch thread", f"commit: {commit}",
             f"date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
             f"command: python {' '.join(sys.argv)}", f"versions: python {platform.python_version()}, torch {torch.__version__}",
-            f"arms: no norm at lr {args.lr_none}, BatchNorm at lr {args.lr_batch}; seeds 0-{args.seeds - 1}; "
-            f"{args.updates} updates of batches of 60"]
+            setting]
 
 
 def main() -> None:
@@ -72,7 +72,8 @@ def main() -> None:
     (x_train, y_train), (x_test, y_test) = data.digits_sequences("pixel")
     fit_set, val_set = data.validation_split((x_train.flatten(1), y_train))
     test_set = (x_test.flatten(1), y_test)
-    head = provenance(args)
+    head = provenance(f"arms: no norm at lr {args.lr_none}, BatchNorm at lr {args.lr_batch}; seeds 0-{args.seeds - 1}; "
+                      f"{args.updates} updates of batches of 60")
     curves, tests = ["arm,lr,seed,update,val_acc,train_loss"], ["arm,lr,seed,right"]
     seed_list = list(range(args.seeds))
     for norm, rates in (("none", args.lr_none), ("batch", args.lr_batch)):
