@@ -53,7 +53,7 @@ def plain(norm: str, depth: int, seed: int, init: str) -> models.MLP:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--depths", type=int, nargs="+", default=[3, 10, 20])
-    parser.add_argument("--lrs", type=float, nargs="+", default=[0.003, 0.01, 0.03, 0.1, 0.3, 1.0])
+    parser.add_argument("--lrs", type=float, nargs="+", default=[0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0])
     parser.add_argument("--epochs", type=int, default=40)
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--out", type=Path, default=RESULTS)
