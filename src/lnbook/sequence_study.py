@@ -42,13 +42,14 @@ def grid_fit(norm: str, fit: Dataset, val: Dataset, test: Dataset, *, members: i
     seed_everything(seed)
     x, y = fit
     nets = ensemble.plain_rnns(members, x.shape[-1], hidden_size, n_classes, norm, max_steps=horizon, **options)
-    model = seeds.stack([copy.deepcopy(n) for _ in lrs for n in nets]).to(device)
+    copies = [copy.deepcopy(n) for _ in lrs for n in nets]  # member (j, i): network i, to train at lrs[j]
+    model = seeds.stack(copies).to(device)
     lengths, generator = torch.full((len(y),), x.shape[1]), torch.Generator().manual_seed(seed)
     order = lambda: torch.cat([ensemble.batch_order(lengths, members, batch_size, "random", generator)]
                               * len(lrs)).unbind(1)  # every rate's copy of network i gets network i's batches
     runs = seeds.fit(model, (x, lengths, y), val, epochs=epochs, lr=[lr for lr in lrs for _ in nets],
                      batch_size=batch_size, seeds=[seed] * len(lrs) * members, grad_clip=1.0, order=order)
-    plain = seeds.unstack(model, [copy.deepcopy(n) for _ in lrs for n in nets])
+    plain = seeds.unstack(model, copies)  # the trained members, back in plain networks
     pick = lambda lr: seeds.stack(plain[lrs.index(lr) * members:][:members]).to(device)
     return (np.array([h.test_acc for h in runs]).reshape(len(lrs), members, -1),
             seeds.accuracy(model, test).reshape(len(lrs), members), pick)
