@@ -56,4 +56,5 @@ def test_the_wheel_ships_the_stored_results(tmp_path):
                     str(source)], check=True, capture_output=True, text=True, timeout=300)
     (wheel,) = tmp_path.glob("lnbook-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert {"lnbook/results/sigmoid_full-curves.csv", "lnbook/results/sigmoid_full-test.csv"} <= set(names)
+    assert {"lnbook/results/sigmoid_full-curves.csv", "lnbook/results/sigmoid_full-test.csv",
+            "lnbook/results/depth_sweep.csv"} <= set(names)

@@ -7,8 +7,10 @@
   how far those percentiles moved.
 - :func:`fit_scored`: :func:`lnbook.seeds.fit` on a training split, scoring a validation split
   every epoch (to choose settings on) and the test set only after the epochs asked for.
-- :func:`stored_sigmoid_run`: the 50,000-update run of ``benchmarks/sigmoid_full.py``, whose
-  results ship inside the package (``lnbook/results/``), so the chapter reads them in Colab too.
+- :func:`stored_sigmoid_run` and :func:`stored_depth_sweep`: the runs of
+  ``benchmarks/sigmoid_full.py`` (50,000 updates) and ``benchmarks/depth_sweep.py`` (depth 3 to
+  20), too long for the notebook, whose results ship inside the package (``lnbook/results/``),
+  so the chapter reads them in Colab too.
 - :func:`largest_trained`: the chapter's range rule (the largest learning rate at which every
   seed's accuracy is above a floor).
 - :class:`Grid` (:func:`grid_compare`): one family of paired comparisons over a grid of settings
@@ -262,6 +264,51 @@ def stored_sigmoid_run() -> StoredRun:
         val={k: {u: np.array([at[s][0] for s in seeds]) for u, at in sorted(v.items())} for k, v in sorted(by_seed.items())},
         loss={k: {u: np.array([at[s][1] for s in seeds]) for u, at in sorted(v.items())} for k, v in sorted(by_seed.items())},
         right={k: np.stack([v[s] for s in seeds]) for k, v in sorted(right.items())})
+
+
+@dataclass
+class DepthSweep:
+    """The stored depth sweep of ``benchmarks/depth_sweep.py``: chapter 01's ReLU MLP at several
+    depths, per ``(depth, arm, lr)`` (arms ``"none"``, ``"none_he"``, ``"batch"``, ``"layer"``):
+    ``val`` the validation accuracy after the last epoch ``(S,)``, ``updates`` the updates to a
+    training loss of 0.5 (None: never), ``last_loss`` the last epoch's mean training loss ``(S,)``,
+    ``right`` whether each test digit is right after the last epoch ``(S, n_test)``; per
+    ``(depth, arm)``, ``init_grad`` the weight-gradient norm of every linear layer at
+    initialization ``(S, depth + 1)``. Seeds in ascending order; ``provenance`` as in
+    :class:`StoredRun`."""
+
+    provenance: list[str]
+    seeds: list[int]
+    depths: list[int]
+    lrs: list[float]
+    val: dict[tuple[int, str, float], np.ndarray]
+    updates: dict[tuple[int, str, float], list[int | None]]
+    last_loss: dict[tuple[int, str, float], np.ndarray]
+    right: dict[tuple[int, str, float], np.ndarray]
+    init_grad: dict[tuple[int, str], np.ndarray]
+
+
+def stored_depth_sweep() -> DepthSweep:
+    """The depth sweep that chapter 01 cannot afford to train, read from the file
+    ``benchmarks/depth_sweep.py`` wrote into ``lnbook/results/`` (installed with the package)."""
+    provenance, rows = _stored_csv("depth_sweep.csv")
+    by_seed: dict[tuple[int, str, float], dict[int, dict[str, str]]] = {}
+    for r in rows:
+        by_seed.setdefault((int(r["depth"]), r["arm"], float(r["lr"])), {})[int(r["seed"])] = r
+    seeds = sorted(next(iter(by_seed.values())))
+    if any(sorted(v) != seeds for v in by_seed.values()):
+        raise ValueError("the stored depth sweep does not hold every seed in every setting")
+
+    def column(key: str, convert: Callable[[str], object]) -> dict:
+        return {k: [convert(v[s][key]) for s in seeds] for k, v in by_seed.items()}
+
+    return DepthSweep(
+        provenance=provenance, seeds=seeds, depths=sorted({k[0] for k in by_seed}), lrs=sorted({k[2] for k in by_seed}),
+        val={k: np.array(v) for k, v in column("val_acc", float).items()},
+        updates=column("updates_to_0.5", lambda u: int(u) if u else None),
+        last_loss={k: np.array(v) for k, v in column("last_loss", float).items()},
+        right={k: np.array(v, dtype=float) for k, v in column("right", lambda t: [int(c) for c in t]).items()},
+        init_grad={k[:2]: np.array(v) for k, v in column("init_grad", lambda t: [float(g) for g in t.split(";")]).items()})
 
 
 def largest_trained(accuracy: Mapping[float, Sequence[float]], floor: float = 0.5) -> float | None:
