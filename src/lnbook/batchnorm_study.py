@@ -243,27 +243,36 @@ def _stored_csv(name: str) -> tuple[list[str], list[dict[str, str]]]:
     return [line[2:] for line in lines if line.startswith("# ")], list(csv.DictReader(l for l in lines if not l.startswith("#")))
 
 
+def _per_seed(rows: list[dict[str, str]], key: Callable[[dict[str, str]], Hashable], what: str
+              ) -> tuple[list[int], dict[Hashable, dict[int, dict[str, str]]]]:
+    """A stored file's rows grouped by ``key(row)``, then by seed: (the seeds, ascending; the
+    groups). Every group must hold the same seeds."""
+    groups: dict[Hashable, dict[int, dict[str, str]]] = {}
+    for r in rows:
+        groups.setdefault(key(r), {})[int(r["seed"])] = r
+    seeds = sorted(next(iter(groups.values())))
+    if any(sorted(g) != seeds for g in groups.values()):
+        raise ValueError(f"the stored {what} does not hold every seed in every setting")
+    return seeds, groups
+
+
 def stored_sigmoid_run() -> StoredRun:
     """The 50,000-update sigmoid run that chapter 01 cannot afford to train (ten seeds; no norm
     and BatchNorm at the rates it names), read from the files ``benchmarks/sigmoid_full.py``
     wrote into ``lnbook/results/``: installed with the package, so no repository is needed."""
-    provenance, curves = _stored_csv("sigmoid_full-curves.csv")
-    _, tests = _stored_csv("sigmoid_full-test.csv")
-    by_seed: dict[tuple[str, float], dict[int, dict[int, tuple[float, float]]]] = {}
-    for r in curves:
-        by_seed.setdefault((r["arm"], float(r["lr"])), {}).setdefault(int(r["update"]), {})[int(r["seed"])] = (
-            float(r["val_acc"]), float(r["train_loss"]))
-    right: dict[tuple[str, float], dict[int, np.ndarray]] = {}
-    for r in tests:
-        right.setdefault((r["arm"], float(r["lr"])), {})[int(r["seed"])] = np.array([int(c) for c in r["right"]], dtype=float)
-    seeds = sorted(next(iter(right.values())))
-    if any(sorted(v) != seeds for v in right.values()) or set(by_seed) != set(right):
+    provenance, curve_rows = _stored_csv("sigmoid_full-curves.csv")
+    seeds, curves = _per_seed(curve_rows, lambda r: (r["arm"], float(r["lr"]), int(r["update"])), "sigmoid run")
+    test_seeds, tests = _per_seed(_stored_csv("sigmoid_full-test.csv")[1], lambda r: (r["arm"], float(r["lr"])), "sigmoid run")
+    if test_seeds != seeds or {k[:2] for k in curves} != set(tests):
         raise ValueError("the stored sigmoid run's files disagree on its arms, rates or seeds")
-    return StoredRun(
-        provenance=provenance, seeds=seeds,
-        val={k: {u: np.array([at[s][0] for s in seeds]) for u, at in sorted(v.items())} for k, v in sorted(by_seed.items())},
-        loss={k: {u: np.array([at[s][1] for s in seeds]) for u, at in sorted(v.items())} for k, v in sorted(by_seed.items())},
-        right={k: np.stack([v[s] for s in seeds]) for k, v in sorted(right.items())})
+    val: dict[tuple[str, float], dict[int, np.ndarray]] = {}
+    loss: dict[tuple[str, float], dict[int, np.ndarray]] = {}
+    for (arm, lr, update), g in sorted(curves.items()):
+        val.setdefault((arm, lr), {})[update] = np.array([float(g[s]["val_acc"]) for s in seeds])
+        loss.setdefault((arm, lr), {})[update] = np.array([float(g[s]["train_loss"]) for s in seeds])
+    return StoredRun(provenance=provenance, seeds=seeds, val=val, loss=loss,
+                     right={k: np.array([[int(c) for c in g[s]["right"]] for s in seeds], dtype=float)
+                            for k, g in sorted(tests.items())})
 
 
 @dataclass
@@ -292,12 +301,7 @@ def stored_depth_sweep() -> DepthSweep:
     """The depth sweep that chapter 01 cannot afford to train, read from the file
     ``benchmarks/depth_sweep.py`` wrote into ``lnbook/results/`` (installed with the package)."""
     provenance, rows = _stored_csv("depth_sweep.csv")
-    by_seed: dict[tuple[int, str, float], dict[int, dict[str, str]]] = {}
-    for r in rows:
-        by_seed.setdefault((int(r["depth"]), r["arm"], float(r["lr"])), {})[int(r["seed"])] = r
-    seeds = sorted(next(iter(by_seed.values())))
-    if any(sorted(v) != seeds for v in by_seed.values()):
-        raise ValueError("the stored depth sweep does not hold every seed in every setting")
+    seeds, by_seed = _per_seed(rows, lambda r: (int(r["depth"]), r["arm"], float(r["lr"])), "depth sweep")
 
     def column(key: str, convert: Callable[[str], object]) -> dict:
         return {k: [convert(v[s][key]) for s in seeds] for k, v in by_seed.items()}
