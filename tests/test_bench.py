@@ -104,3 +104,25 @@ def test_a_fused_layer_norm_moves_the_least_traffic_and_a_composed_one_far_more(
 
     unfused = bench.count_bytes(lambda: fwd_bwd(composed))
     assert unfused["bytes"] > 4 * fused["bytes"]  # every operator writes a full-size tensor and the next reads it
+
+
+def test_quartile_times_orders_its_quartiles_and_matches_the_median(fake_clock):
+    fake_clock.tick = 0.0
+    took = iter([0.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0])  # one warmup call, then five timed
+
+    def fn():
+        fake_clock.advance(next(took))
+
+    q = bench.quartile_times({"a": fn}, repeat=5, warmup=2)["a"]
+    assert q == (2.0, 3.0, 4.0)
+    with pytest.raises(ValueError, match="repeat"):
+        bench.quartile_times({"a": fn}, repeat=1)
+
+
+def test_new_pages_counts_fresh_memory():
+    pytest.importorskip("resource")
+    small = bench.new_pages(lambda: None, calls=3)
+    big = bench.new_pages(lambda: bytearray(64 * 2**20), calls=3)  # 64 MiB, zeroed: fresh pages
+    assert small < 100 < big
+    with pytest.raises(ValueError, match="calls"):
+        bench.new_pages(lambda: None, calls=0)

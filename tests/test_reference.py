@@ -199,3 +199,14 @@ def test_float16_accumulation_overflows_and_float32_accumulation_does_not():
     assert np.isfinite(reference.variance(x, "two_pass", "float16", accumulate="float32")).all()
     with pytest.raises(ValueError, match="method must be"):
         reference.variance(x, "three_pass")
+
+
+def test_welford_parts_matches_welford_and_the_merge_and_the_variance():
+    rng = np.random.default_rng(0)
+    x = 100 + rng.normal(size=(4, 64))
+    assert np.array_equal(reference.welford_parts(x, 1, "float32"), reference.variance(x, "welford", "float32"))
+    assert np.array_equal(reference.welford_parts(x, 2, "float32"), reference.variance(x, "welford_merge", "float32"))
+    np.testing.assert_allclose(reference.welford_parts(x, 8), x.var(axis=-1), rtol=1e-12)
+    for bad in (3, 0, 128):
+        with pytest.raises(ValueError, match="parts"):
+            reference.welford_parts(x, bad)

@@ -128,6 +128,47 @@ def median_times(fns: Mapping[str, Callable[[], object]], repeat: int = 20, warm
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def quartile_times(
+    fns: Mapping[str, Callable[[], object]], repeat: int = 20, warmup: int = 3
+) -> dict[str, tuple[float, float, float]]:
+    """Like :func:`median_times` (interleaved calls), but each entry is the
+    ``(first quartile, median, third quartile)`` of the ``repeat`` wall-clock seconds, so that
+    a comparison can say how far the calls spread."""
+    check_positive_int(repeat, "repeat")
+    check_int(warmup, "warmup")
+    if repeat < 2:
+        raise ValueError(f"repeat must be at least 2 for quartiles, got {repeat}")
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    out = {}
+    for name, t in times.items():
+        q1, q2, q3 = statistics.quantiles(t, n=4, method="inclusive")
+        out[name] = (q1, q2, q3)
+    return out
+
+
+def new_pages(fn: Callable[[], object], calls: int = 5) -> float:
+    """Minor page faults per call of ``fn()``: pages the operating system had to map in (and
+    zero) for fresh memory, averaged over ``calls`` calls. NaN where the ``resource`` module
+    (Unix only) is missing."""
+    check_positive_int(calls, "calls")
+    try:
+        import resource
+    except ImportError:  # Windows
+        return float("nan")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(calls):
+        fn()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls
+
+
 def layernorm_traffic(m: int, n: int, element_size: int, *, backward: bool = False, rms: bool = False) -> dict[str, int]:
     """The least memory traffic and arithmetic of one LayerNorm (or RMSNorm) over ``(m, n)``.
 

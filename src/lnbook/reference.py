@@ -297,6 +297,23 @@ def welford_merge(a: WelfordState, b: WelfordState, precision: str = "float64") 
     return WelfordState(n, mean, m2)
 
 
+def welford_parts(x: ArrayLike, parts: int, precision: str = "float64") -> np.ndarray:
+    """The variance of ``x (..., N)`` over its last axis by Welford over each of ``parts`` equal
+    parts, the states then merged pairwise as a tree with :func:`welford_merge` (as a kernel
+    that splits a row across ``parts`` threads). ``parts`` must be a power of 2 dividing N."""
+    x = np.asarray(x, dtype=np.float64)
+    n_total = x.shape[-1] if x.ndim else 0
+    if isinstance(parts, bool) or not isinstance(parts, (int, np.integer)) or parts < 1 or parts & (parts - 1):
+        raise ValueError(f"parts must be a power of 2, got {describe(parts)}")
+    if n_total % parts:
+        raise ValueError(f"parts ({parts}) must divide the row length {n_total}")
+    n = n_total // parts
+    states = [welford(x[..., i * n : (i + 1) * n], precision) for i in range(parts)]
+    while len(states) > 1:
+        states = [welford_merge(a, b, precision) for a, b in zip(states[::2], states[1::2])]
+    return round_to(states[0].m2 / states[0].count, precision)
+
+
 def variance(
     x: ArrayLike, method: str = "two_pass", precision: str = "float64", accumulate: str | None = None
 ) -> np.ndarray:

@@ -1,0 +1,112 @@
+"""Swap and mutation tests for a LayerNorm implementation (chapter 04).
+
+A *swap test* puts a norm in place of the LayerNorms of a float64 Transformer encoder layer and
+requires the loss and every gradient to stay the same. A test is only worth something if it can
+fail, so the module also holds a *mutant*, :class:`NoMeanTermLayerNorm`, whose backward pass
+forgets the mean term, and which the test must reject.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import torch
+
+from ._checks import check_bool, check_number
+from .norms import LayerNorm, replace_layer_norms, swap_modules
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class _NoMeanTerm(torch.autograd.Function):
+    """LayerNorm over the last axis whose backward pass leaves out ``-mean(g)``: a planted bug."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        centered = x - x.mean(-1, keepdim=True)
+        rstd = torch.rsqrt((centered * centered).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(centered * rstd, rstd, weight)
+        return centered * rstd * weight + bias
+
+    @staticmethod
+    def backward(ctx, dy):
+        xhat, rstd, weight = ctx.saved_tensors
+        g = dy * weight
+        dx = rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))  # the bug: no "- g.mean(-1)"
+        lead = tuple(range(dy.ndim - 1))
+        return dx, (dy * xhat).sum(lead), dy.sum(lead), None
+
+
+class NoMeanTermLayerNorm(LayerNorm):
+    """:class:`lnbook.norms.LayerNorm` with the mutant backward pass (forward unchanged), over
+    one trailing dimension: ``x (..., H)``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if len(self.normalized_shape) != 1:
+            raise ValueError(f"NoMeanTermLayerNorm normalizes one trailing dimension, got {self.normalized_shape}")
+        return _NoMeanTerm.apply(x, self.weight, self.bias, self.eps)
+
+
+def mean_square_loss(out: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
+    """``mean(out**2)``: natural, but its gradient at a LayerNorm's output is proportional to
+    x̂ when the gain is 1 and the bias 0, which LayerNorm's backward maps to almost nothing."""
+    return out.pow(2).mean()
+
+
+def random_direction_loss(out: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
+    """``sum(out * R)`` for a fixed random ``R`` of ``out``'s shape: its gradient at ``out`` is
+    ``R``, a random direction."""
+    return (out * R).sum()
+
+
+def swap_gaps(norm_class: type[torch.nn.Module], loss_fn: LossFn, random_affine: bool = False) -> tuple[float, float, float]:
+    """Swap ``norm_class`` in for the two LayerNorms of a float64 Transformer encoder layer
+    (width 32, 4 heads, tokens ``(2, 7, 32)``) and compare with torch's.
+
+    ``random_affine``: draw the norms' gains and biases from N(1, 0.5) and N(0, 0.5) first, so
+    that a swap that lost or rounded them would show. Returns the loss's relative gap, the
+    gradients' largest absolute gap (over the input and every parameter), and their largest gap
+    relative to each gradient's largest entry.
+    """
+    if not (isinstance(norm_class, type) and issubclass(norm_class, torch.nn.Module)):
+        raise TypeError(f"norm_class must be a torch.nn.Module subclass, got {norm_class!r}")
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable (out, R) -> loss, got {loss_fn!r}")
+    check_bool(random_affine, "random_affine")
+    torch.manual_seed(0)
+    reference_layer = torch.nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=0.0, batch_first=True).double()
+    if random_affine:
+        with torch.no_grad():
+            for norm in (reference_layer.norm1, reference_layer.norm2):
+                norm.weight.normal_(1.0, 0.5), norm.bias.normal_(0.0, 0.5)
+    swapped = copy.deepcopy(reference_layer)
+    if norm_class is LayerNorm:
+        replaced = replace_layer_norms(swapped)
+    else:
+        replaced = swap_modules(
+            swapped, lambda m: norm_class(m.normalized_shape, m.eps) if isinstance(m, torch.nn.LayerNorm) else None
+        )
+    if replaced != 2:
+        raise RuntimeError(f"expected to swap the layer's 2 LayerNorms, swapped {replaced}")
+    tokens = torch.randn(2, 7, 32, dtype=torch.float64, requires_grad=True)
+    R = torch.randn(2, 7, 32, dtype=torch.float64)
+    losses, grads = [], []
+    for layer in (reference_layer, swapped):
+        losses.append(loss_fn(layer(tokens), R))
+        grads.append(torch.autograd.grad(losses[-1], [tokens, *layer.parameters()]))
+    return (
+        abs(losses[0] - losses[1]).item() / abs(losses[0]).item(),
+        max((a - b).abs().max().item() for a, b in zip(*grads)),
+        max(((a - b).abs().max() / a.abs().max()).item() for a, b in zip(*grads)),
+    )
+
+
+def swap_test(norm_class: type[torch.nn.Module], tol: float = 1e-10) -> None:
+    """The swap test: random gains and biases, loss :func:`random_direction_loss`; raises
+    ``AssertionError`` unless the loss and every gradient equal torch's within ``tol``, relative
+    to the loss and to each gradient's largest entry."""
+    tol = check_number(tol, "tol", "a positive number", lambda v: v > 0)
+    loss_gap, _, grad_gap = swap_gaps(norm_class, random_direction_loss, random_affine=True)
+    if not (loss_gap < tol and grad_gap < tol):
+        raise AssertionError(f"a gradient is off by {grad_gap:.1e} of its largest entry")

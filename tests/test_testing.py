@@ -1,0 +1,47 @@
+"""lnbook.testing: the swap test passes lnbook's LayerNorm and fails the planted bug."""
+
+import pytest
+import torch
+
+from lnbook import testing
+from lnbook.norms import LayerNorm
+
+
+def test_swap_test_passes_lnbook_layernorm_and_fails_the_mutant():
+    testing.swap_test(LayerNorm)
+    with pytest.raises(AssertionError, match="off by"):
+        testing.swap_test(testing.NoMeanTermLayerNorm)
+
+
+def test_mutant_forward_is_layernorm_and_only_its_backward_differs():
+    torch.manual_seed(0)
+    x = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
+    ours, mutant = LayerNorm(8).double(), testing.NoMeanTermLayerNorm(8).double()
+    torch.testing.assert_close(mutant(x), ours(x))
+    R = torch.randn(3, 8, dtype=torch.float64)
+    (g_ours,) = torch.autograd.grad((ours(x) * R).sum(), x)
+    (g_mut,) = torch.autograd.grad((mutant(x) * R).sum(), x)
+    assert (g_ours - g_mut).abs().max() > 1e-3
+    # the missing term is exactly rstd * mean(g): adding it back gives the right gradient
+    assert g_ours.sum(-1).abs().max() < 1e-12 and g_mut.sum(-1).abs().max() > 1e-3
+
+
+def test_mean_square_loss_hides_the_bug_in_absolute_terms():
+    _, abs_gap, _ = testing.swap_gaps(testing.NoMeanTermLayerNorm, testing.mean_square_loss)
+    _, abs_gap_r, rel_gap_r = testing.swap_gaps(testing.NoMeanTermLayerNorm, testing.random_direction_loss)
+    assert abs_gap < 1e-6 < 1e-1 < rel_gap_r
+    assert abs_gap_r > 1e-1
+    assert max(testing.swap_gaps(LayerNorm, testing.random_direction_loss, random_affine=True)) < 1e-10
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(TypeError, match="norm_class"):
+        testing.swap_gaps(lambda n, e: None, testing.random_direction_loss)
+    with pytest.raises(TypeError, match="loss_fn"):
+        testing.swap_gaps(LayerNorm, 3)
+    with pytest.raises(TypeError, match="random_affine"):
+        testing.swap_gaps(LayerNorm, testing.random_direction_loss, random_affine=1)
+    with pytest.raises(ValueError, match="tol"):
+        testing.swap_test(LayerNorm, tol=-1.0)
+    with pytest.raises(ValueError, match="one trailing"):
+        testing.NoMeanTermLayerNorm((2, 4))(torch.randn(3, 2, 4))
