@@ -145,3 +145,36 @@ def test_outputs_grid_draws_one_annotated_panel_per_row_and_column():
         plotting.outputs_grid({"LN": {"x": a, "y": a[:2]}}, "t", "c")
     with pytest.raises(ValueError, match="non-empty dict"):
         plotting.outputs_grid({}, "t", "c")
+
+
+def test_layernorm_circle_draws_the_kept_gradient_tangent_to_the_circle():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(20, 3)) * 2 + 1
+    xhat = (x - x.mean(1, keepdims=True)) / x.std(1, keepdims=True)
+    gradient = np.array([1.0, -0.3, 2.0])
+    fig = plotting.layernorm_circle(x, xhat, 4, gradient)
+    plane = fig.axes[2]
+    arrows = {q.get_label(): np.array([q.U[0], q.V[0]]) for q in plane.collections if hasattr(q, "U")}
+    kept = next(v for k, v in arrows.items() if k.startswith("what is left"))
+    upstream = next(v for k, v in arrows.items() if k.startswith("upstream"))
+    u, w = np.array([1, -1, 0]) / np.sqrt(2), np.array([1, 1, -2]) / np.sqrt(6)
+    point = np.array([xhat[4] @ u, xhat[4] @ w])
+    assert abs(kept @ point) < 1e-12 * np.linalg.norm(point)  # tangent: orthogonal to the radius
+    # the in-plane upstream gradient is kept part + radial part; the part along 1 is not drawn
+    np.testing.assert_allclose(upstream, [gradient @ u, gradient @ w])
+    assert np.linalg.norm(kept) > 0.1 and not np.allclose(kept, upstream)
+    assert any("out of the page" in t.get_text() for t in plane.texts)
+    plt.close(fig)
+    with pytest.raises(ValueError, match="x must have shape"):
+        plotting.layernorm_circle(x[:, :2], xhat[:, :2], 0, gradient)
+    with pytest.raises(ValueError, match="xhat must have"):
+        plotting.layernorm_circle(x, xhat[:5], 0, gradient)
+    with pytest.raises(ValueError, match="gradient must have"):
+        plotting.layernorm_circle(x, xhat, 0, gradient[:2])
+    with pytest.raises(ValueError, match="point must be"):
+        plotting.layernorm_circle(x, xhat, 20, gradient)

@@ -266,3 +266,98 @@ def outputs_grid(
     fig.colorbar(image, ax=axes, shrink=0.8, label=colorbar_label)
     fig.suptitle(title)
     return fig
+
+
+def _plane_basis() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Unit vectors for H = 3: ``one`` = (1, 1, 1)/sqrt(3), and ``u``, ``w``, an orthonormal basis of
+    the plane sum(v) = 0 orthogonal to it."""
+    one = np.ones(3) / np.sqrt(3)
+    u = np.array([1.0, -1.0, 0.0]) / np.sqrt(2)
+    w = np.array([1.0, 1.0, -2.0]) / np.sqrt(6)
+    return one, u, w
+
+
+def layernorm_circle(x: ArrayLike, xhat: ArrayLike, point: int, gradient: ArrayLike) -> Figure:
+    """LayerNorm with H = 3 drawn on its circle, in three panels.
+
+    Left (3-D): the raw inputs ``x`` ``(N, 3)`` and their normalized images ``xhat`` ``(N, 3)``
+    (one colour per input, by its angle on the circle), the circle sum = 0, norm = sqrt(3), and
+    the direction 1 that the mean removes. Middle (3-D): at the image ``xhat[point]``, the upstream
+    ``gradient`` ``(3,)`` split into its part along 1, its part along ``xhat[point]`` (both removed
+    by the backward pass) and what is left, the part tangent to the circle. Right (2-D): the same
+    split seen in the plane sum = 0 itself (coordinates along ``u`` = (1, -1, 0)/sqrt(2) and
+    ``w`` = (1, 1, -2)/sqrt(6)), where the part along 1 points out of the page and is printed
+    instead of drawn. ``xhat`` should be normalized with a tiny eps, so that it lies on the circle.
+    """
+    x, xhat, gradient = (np.asarray(a, dtype=float) for a in (x, xhat, gradient))
+    if x.ndim != 2 or x.shape[1] != 3 or len(x) == 0:
+        raise ValueError(f"x must have shape (N, 3) with N >= 1, got {x.shape}")
+    if xhat.shape != x.shape:
+        raise ValueError(f"xhat must have the shape of x, {x.shape}, got {xhat.shape}")
+    if gradient.shape != (3,):
+        raise ValueError(f"gradient must have shape (3,), got {gradient.shape}")
+    if isinstance(point, bool) or not isinstance(point, (int, np.integer)) or not 0 <= point < len(x):
+        raise ValueError(f"point must be an int in [0, {len(x)}), got {describe(point)}")
+    one, u, w = _plane_basis()
+    t = np.linspace(0, 2 * np.pi, 200)
+    circle = np.sqrt(3) * (np.outer(np.cos(t), u) + np.outer(np.sin(t), w))
+    angle = np.arctan2(xhat @ w, xhat @ u)  # where each input lands on the circle, as a colour
+    p = xhat[point]
+    e = p / np.linalg.norm(p)
+    parts = {  # the upstream gradient split three ways: along 1, along xhat, and what is left
+        "one": (gradient @ one) * one,
+        "xhat": (gradient @ e) * e,
+    }
+    parts["kept"] = gradient - parts["one"] - parts["xhat"]
+    styles = [
+        ("gradient", gradient, "C1", "-", r"upstream gradient $\hat{g}$"),
+        ("one", parts["one"], "C3", "--", r"its part along $\mathbf{1}$: removed"),
+        ("xhat", parts["xhat"], "C4", "--", r"its part along $\hat{x}$: removed"),
+        ("kept", parts["kept"], "C2", "-", r"what is left (times r: $\partial L/\partial x$)"),
+    ]
+
+    fig = plt.figure(figsize=(15, 5.0))
+    ax = fig.add_subplot(1, 3, 1, projection="3d")
+    ax.scatter(*x.T, s=5, c=angle, cmap="twilight", alpha=0.6, label=f"{len(x)} raw inputs x")
+    ax.scatter(*xhat.T, s=12, c=angle, cmap="twilight", marker="D", label=r"their images $\hat{x}$ (same colour)")
+    ax.plot(*circle.T, "k-", lw=1, label=r"circle: $\sum_i \hat{x}_i = 0$, $\|\hat{x}\| = \sqrt{3}$")
+    ax.plot(*np.outer([-5, 5], one).T, "C3--", lw=1, label=r"the direction $\mathbf{1}$ (the mean, removed)")
+    ax.set(title="forward: raw inputs anywhere,\nimages on one circle", xlim=(-5, 5), ylim=(-5, 5), zlim=(-5, 5))
+
+    ax3 = fig.add_subplot(1, 3, 2, projection="3d")
+    rr, tt = np.meshgrid([0, 2.4], t)
+    disk = rr[..., None] * (np.cos(tt)[..., None] * u + np.sin(tt)[..., None] * w)
+    ax3.plot_surface(*disk.transpose(2, 0, 1), color="C0", alpha=0.08, linewidth=0)
+    ax3.plot(*circle.T, "k-", lw=1)
+    ax3.scatter(*p, color="k", s=25, label=r"a normalized point $\hat{x}$")
+    for _, vec, colour, style, label in styles:
+        ax3.quiver(*p, *vec, color=colour, linestyle=style, arrow_length_ratio=0.15, lw=2, label=label)
+    ax3.set(title="backward, in 3-D: only the part\nalong the circle survives", xlim=(-2.5, 2.5), ylim=(-2.5, 2.5),
+            zlim=(-2.5, 2.5), xticks=[-2, 0, 2], yticks=[-2, 0, 2], zticks=[-2, 0, 2])
+    for a in (ax, ax3):
+        a.set(xlabel="unit 1", ylabel="unit 2", zlabel="unit 3")
+        a.view_init(elev=12, azim=-5)  # 50 degrees off the plane's normal (1, 1, 1): circle and normal both visible
+        a.legend(loc="upper left", fontsize=7)
+
+    ax2 = fig.add_subplot(1, 3, 3)
+    to_plane = lambda v: np.array([v @ u, v @ w])  # noqa: E731 -- coordinates in the plane sum(v) = 0
+    ax2.plot(*(circle @ np.stack([u, w]).T).T, "k-", lw=1, label=r"the circle of $\hat{x}$")
+    p2 = to_plane(p)
+    ax2.plot(*p2, "ko", ms=5)
+    ax2.plot(*np.outer([0, 1.25], p2).T, "k:", lw=0.8)  # the ray through xhat: the direction the length changes along
+    for name, vec, colour, style, label in styles:
+        if name == "one":
+            continue  # out of the page: printed, not drawn
+        v2 = to_plane(vec)
+        ax2.quiver(*p2, *v2, color=colour, angles="xy", scale_units="xy", scale=1, width=0.008, label=label,
+                   linestyle=style)
+    ax2.text(0.02, 0.02, f"part along $\\mathbf{{1}}$ (out of the page, removed): {gradient @ one:+.2f}",
+             transform=ax2.transAxes, fontsize=8, color="C3")
+    ax2.set(xlabel=r"coordinate along $u = (1, -1, 0)/\sqrt{2}$", ylabel=r"coordinate along $w = (1, 1, -2)/\sqrt{6}$",
+            title="backward, seen in the circle's plane:\nthe kept part is tangent to the circle", aspect="equal",
+            xlim=(-3.2, 3.2), ylim=(-3.2, 3.2))
+    ax2.legend(loc="upper left", fontsize=7)
+    fig.suptitle("LayerNorm with H = 3 maps every input onto one circle, and its backward pass keeps only "
+                 "the gradient's part along that circle")
+    fig.tight_layout(rect=(0, 0, 1, 0.95))  # room for the suptitle
+    return fig
