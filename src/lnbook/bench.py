@@ -107,13 +107,8 @@ def count_bytes(fn: Callable[[], object]) -> dict[str, int]:
     return {"read": read, "written": written, "bytes": read + written}
 
 
-def median_times(fns: Mapping[str, Callable[[], object]], repeat: int = 20, warmup: int = 3) -> dict[str, float]:
-    """Median wall-clock seconds of each ``fns[name]()`` over ``repeat`` calls, after ``warmup``.
-
-    The calls are interleaved (one of each, ``repeat`` times over), so a slow moment of the
-    machine hits every contender alike, and the median ignores the occasional slow call.
-    For CPU code; a GPU needs synchronization (``triton.testing.do_bench``).
-    """
+def _interleaved_times(fns: Mapping[str, Callable[[], object]], repeat: int, warmup: int) -> dict[str, list[float]]:
+    """Wall-clock seconds of ``repeat`` interleaved calls of each ``fns[name]()``, after ``warmup``."""
     check_positive_int(repeat, "repeat")
     check_int(warmup, "warmup")
     for _ in range(warmup):
@@ -125,6 +120,17 @@ def median_times(fns: Mapping[str, Callable[[], object]], repeat: int = 20, warm
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
+    return times
+
+
+def median_times(fns: Mapping[str, Callable[[], object]], repeat: int = 20, warmup: int = 3) -> dict[str, float]:
+    """Median wall-clock seconds of each ``fns[name]()`` over ``repeat`` calls, after ``warmup``.
+
+    The calls are interleaved (one of each, ``repeat`` times over), so a slow moment of the
+    machine hits every contender alike, and the median ignores the occasional slow call.
+    For CPU code; a GPU needs synchronization (``triton.testing.do_bench``).
+    """
+    times = _interleaved_times(fns, repeat, warmup)
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -134,19 +140,9 @@ def quartile_times(
     """Like :func:`median_times` (interleaved calls), but each entry is the
     ``(first quartile, median, third quartile)`` of the ``repeat`` wall-clock seconds, so that
     a comparison can say how far the calls spread."""
-    check_positive_int(repeat, "repeat")
-    check_int(warmup, "warmup")
-    if repeat < 2:
+    if isinstance(repeat, int) and not isinstance(repeat, bool) and repeat == 1:
         raise ValueError(f"repeat must be at least 2 for quartiles, got {repeat}")
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeat):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
+    times = _interleaved_times(fns, repeat, warmup)
     out = {}
     for name, t in times.items():
         q1, q2, q3 = statistics.quantiles(t, n=4, method="inclusive")
