@@ -1,0 +1,75 @@
+"""Tests for lnbook.digits_layer: the batched digits LayerNorm layer, its SGD loop and the error split."""
+
+import pytest
+import torch
+
+from lnbook import digits_layer, norms
+
+layer_norm = lambda a: torch.nn.functional.layer_norm(a, (a.shape[-1],))  # noqa: E731
+
+
+def _data(n=40, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 64, generator=gen, dtype=torch.float64), torch.randint(0, 10, (n,), generator=gen)
+
+
+def test_init_layers_is_per_seed_and_repeatable():
+    W, V = digits_layer.init_layers([1, 2], hidden=8)
+    assert W.shape == (2, 8, 64) and V.shape == (2, 10, 8) and W.dtype == torch.float64
+    assert not torch.equal(W[0], W[1])
+    assert torch.equal(digits_layer.init_layers([2], hidden=8)[0][0], W[1])
+    with pytest.raises(ValueError, match="seeds"):
+        digits_layer.init_layers([])
+
+
+def test_batch_indices_shared_and_in_range():
+    a, b = digits_layer.batch_indices(3, 4, 50), digits_layer.batch_indices(3, 4, 50)
+    assert a.shape == (4, 64) and torch.equal(a, b) and int(a.max()) < 50
+    assert not torch.equal(a[0], a[1])  # every order its own batches
+    assert torch.equal(digits_layer.batch_indices(3, 2, 50, offset=1)[0], a[1])
+    with pytest.raises(ValueError, match="orders"):
+        digits_layer.batch_indices(0, 0, 50)
+
+
+def test_layer_loss_matches_a_single_model():
+    X, y = _data()
+    W, V = digits_layer.init_layers([0, 1], hidden=8)
+    idx = torch.arange(10).expand(2, -1)
+    loss = digits_layer.layer_loss(W, V, X, y, idx, layer_norm)
+    one = torch.nn.functional.cross_entropy(layer_norm(X[:10] @ W[1].T) @ V[1].T, y[:10])
+    assert loss.shape == (2,) and torch.allclose(loss[1], one)
+    with pytest.raises(ValueError, match="V"):
+        digits_layer.layer_loss(W, V[:1], X, y, idx, layer_norm)
+
+
+def test_true_gradient_keeps_row_mean_and_undo_drift_restores_it():
+    X, y = _data()
+    W0, V = digits_layer.init_layers([0, 1, 2], hidden=8)
+    batches = lambda step: digits_layer.batch_indices(step, 3, len(y), batch=16)  # noqa: E731
+    W_ln, rec = digits_layer.train_layer(W0, V, X, y, layer_norm, 1.0, 20, batches)
+    assert (W_ln.mean(1) - W0.mean(1)).abs().max() < 1e-12
+    assert rec["loss"].shape == (20, 3) and rec["cosine"].abs().max() < 1e-4
+    detach = norms.DetachNorm(8, elementwise_affine=False)
+    W_d, _ = digits_layer.train_layer(W0, V, X, y, detach, 1.0, 20, batches)
+    assert (W_d.mean(1) - W0.mean(1)).abs().max() > 1e-3  # the detached gradient moves the row mean
+    W_u, rec_u = digits_layer.train_layer(W0, V, X, y, detach, 1.0, 20, batches, undo_drift=rec["norm"])
+    assert (W_u.mean(1) - W0.mean(1)).abs().max() < 1e-12
+    assert torch.allclose(rec_u["norm"], rec["norm"])
+    with pytest.raises(ValueError, match="undo_drift"):
+        digits_layer.train_layer(W0, V, X, y, detach, 1.0, 20, batches, undo_drift=rec["norm"][:5])
+    with pytest.raises(ValueError, match="lr"):
+        digits_layer.train_layer(W0, V, X, y, detach, -1.0, 5, batches)
+
+
+def test_error_split_shares():
+    W, _ = digits_layer.init_layers([0], hidden=8)
+    true = torch.zeros_like(W)
+    shares = digits_layer.error_split(W, true, true + torch.ones(1, 1, 64))  # the same vector on every row
+    assert shares["row mean"].item() == pytest.approx(1) and shares["visible"].item() == pytest.approx(0, abs=1e-12)
+    shares = digits_layer.error_split(W, true, true + 2 * (W - W.mean(1, keepdim=True)))
+    assert shares["along W"].item() == pytest.approx(1)
+    noise = torch.randn(W.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    total = sum(digits_layer.error_split(W, true, noise).values())
+    assert total.item() == pytest.approx(1)
+    with pytest.raises(ValueError, match="shape"):
+        digits_layer.error_split(W, true[:, :4], noise)
