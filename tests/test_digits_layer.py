@@ -73,3 +73,17 @@ def test_error_split_shares():
     assert total.item() == pytest.approx(1)
     with pytest.raises(ValueError, match="shape"):
         digits_layer.error_split(W, true[:, :4], noise)
+
+
+def test_turn_run_follows_the_first_order_law_and_the_control_keeps_the_norm():
+    X, y = _data()
+    W0, V = digits_layer.init_layers([0, 1], hidden=8)
+    batches = lambda step: digits_layer.batch_indices(step, 2, len(y), batch=16)  # noqa: E731
+    free = digits_layer.turn_run(W0 * 4, V, X, y, 0.1, 10, batches)
+    assert free["norm"].shape == (10, 2) and bool((free["norm"][1:] >= free["norm"][:-1] - 1e-9).all())  # SGD only grows |W|
+    implied = free["turn"] * free["norm"] ** 2 / 0.1  # first order: the gradient at unit norm
+    assert torch.allclose(implied, free["unit gradient"], rtol=0.05)
+    fixed = digits_layer.turn_run(W0, V, X, y, 1.0, 10, batches, fixed_norm=True)
+    assert torch.allclose(fixed["norm"], W0.norm(dim=(1, 2)).expand(10, -1))
+    with pytest.raises(ValueError, match="lr"):
+        digits_layer.turn_run(W0, V, X, y, 0.0, 3, batches)

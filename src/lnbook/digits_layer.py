@@ -137,3 +137,43 @@ def error_split(W: torch.Tensor, true_grad: torch.Tensor, detached_grad: torch.T
     shares = {"row mean": row_mean.pow(2).sum((1, 2)) / total, "along W": along.pow(2).sum((1, 2)) / total}
     shares["visible"] = (rest - along).pow(2).sum((1, 2)) / total
     return shares
+
+
+def turn_run(
+    W: torch.Tensor,
+    V: torch.Tensor,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    lr: float,
+    steps: int,
+    batches: Callable[[int], torch.Tensor],
+    fixed_norm: bool = False,
+    norm: Norm | None = None,
+) -> dict[str, torch.Tensor]:
+    """SGD through LayerNorm (or ``norm``), recording per step ``(steps, R)``: ``norm`` (``|W|``
+    before the step), ``turn`` (how far the step moves ``W/|W|``), ``unit gradient`` (the
+    gradient's norm at ``W/|W|``) and ``cosine`` (``|cos|`` of the gradient with ``W``).
+    ``fixed_norm``: the control, ``W`` re-projected to its initial norm after every step."""
+    _check_models(W, V)
+    check_positive_int(steps, "steps")
+    if not lr > 0:
+        raise ValueError(f"lr must be positive, got {lr}")
+    norm = norm or (lambda a: torch.nn.functional.layer_norm(a, (a.shape[-1],)))
+    initial = W.norm(dim=(1, 2), keepdim=True)
+    record: dict[str, list[torch.Tensor]] = {k: [] for k in ("norm", "turn", "unit gradient", "cosine")}
+    for step in range(steps):
+        idx = batches(step)
+        Wr = W.clone().requires_grad_()
+        (grad,) = torch.autograd.grad(layer_loss(Wr, V, X, y, idx, norm).sum(), Wr)
+        size = W.norm(dim=(1, 2), keepdim=True)
+        W_unit = (W / size).requires_grad_()  # the direction alone, at norm 1
+        (grad_unit,) = torch.autograd.grad(layer_loss(W_unit, V, X, y, idx, norm).sum(), W_unit)
+        record["norm"].append(size.flatten())
+        record["unit gradient"].append(grad_unit.norm(dim=(1, 2)))
+        record["cosine"].append((grad * W).sum((1, 2)).abs() / grad.norm(dim=(1, 2)) / size.flatten())
+        before = W / size
+        W = W - lr * grad
+        if fixed_norm:
+            W = W * (initial / W.norm(dim=(1, 2), keepdim=True))
+        record["turn"].append((W / W.norm(dim=(1, 2), keepdim=True) - before).norm(dim=(1, 2)))
+    return {k: torch.stack(v) for k, v in record.items()}
