@@ -178,3 +178,21 @@ def test_layernorm_circle_draws_the_kept_gradient_tangent_to_the_circle():
         plotting.layernorm_circle(x, xhat, 0, gradient[:2])
     with pytest.raises(ValueError, match="point must be"):
         plotting.layernorm_circle(x, xhat, 20, gradient)
+
+
+def test_step_curves_draws_one_smoothed_line_per_arm_and_panel():
+    rng = np.random.default_rng(0)
+    runs = {"a": rng.normal(size=(30, 4)), "b": rng.normal(size=(30, 4)) + 5}
+    fig = plotting.step_curves([{"runs": runs, "title": "smoothed"}, {"runs": runs, "smooth": False, "steps": slice(0, 10)}],
+                               window=5, title="t")
+    left, right = fig.axes
+    x, y = left.lines[1].get_data()
+    assert len(left.lines) == 2 and x[0] == 4 and len(x) == 26  # a 5-step mean, plotted at the window's last step
+    assert np.isclose(y[0], runs["b"][:5].mean())
+    assert len(right.lines[0].get_xdata()) == 10 and left.get_title() == "smoothed"
+    with pytest.raises(ValueError, match="window"):
+        plotting.step_curves([{"runs": runs}], window=0)
+    with pytest.raises(ValueError, match="panels"):
+        plotting.step_curves([])
+    with pytest.raises(ValueError, match="fewer than window"):
+        plotting.step_curves([{"runs": {"a": np.ones((3, 2))}}], window=5)

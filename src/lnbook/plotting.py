@@ -361,3 +361,45 @@ def layernorm_circle(x: ArrayLike, xhat: ArrayLike, point: int, gradient: ArrayL
                  "the gradient's part along that circle")
     fig.tight_layout(rect=(0, 0, 1, 0.95))  # room for the suptitle
     return fig
+
+
+def step_curves(
+    panels: list[dict],
+    window: int = 10,
+    colours: tuple[str, ...] = ("C0", "C1", "C2", "C3", "C4"),
+    title: str | None = None,
+    width: float = 4.3,
+) -> Figure:
+    """One panel per training quantity, one line per arm: the mean over runs of a ``window``-step
+    moving average, with its 95% interval as a band (:func:`mean_and_spread`).
+
+    Each panel is a dict with ``"runs"``, arm name -> ``(steps, n_runs)`` values per step (the
+    first arm gets the first colour, and so on); ``"smooth"`` (default True) to average over
+    ``window`` steps, plotted at the window's last step; ``"steps"``, a slice of the steps to
+    show (default all); and anything else for ``Axes.set`` (``title``, ``xlabel``, ``ylabel``, ``ylim``).
+    """
+    if not panels or not all(isinstance(p, dict) and p.get("runs") for p in panels):
+        raise ValueError("panels must be a non-empty list of dicts, each with a non-empty 'runs' mapping")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be an int >= 1, got {describe(window)}")
+    fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), 3.6), squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        options = {k: v for k, v in panel.items() if k not in ("runs", "smooth", "steps")}
+        for (arm, values), colour in zip(panel["runs"].items(), colours):
+            values = np.asarray(values, dtype=float)
+            if values.ndim != 2:
+                raise ValueError(f"runs[{arm!r}] must have shape (steps, n_runs), got {values.shape}")
+            steps = np.arange(len(values))[panel.get("steps", slice(None))]
+            values = values[steps]
+            if panel.get("smooth", True):
+                if len(values) < window:
+                    raise ValueError(f"runs[{arm!r}] has {len(values)} steps, fewer than window = {window}")
+                values = np.array([np.convolve(v, np.ones(window) / window, mode="valid") for v in values.T]).T
+                steps = steps[window - 1:]
+            mean_and_spread(ax, steps, values.T, arm, band="ci", color=colour)
+        ax.set(**options)
+        ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
