@@ -68,3 +68,13 @@ def test_saves_only_input_and_statistics():
     y = layer_norm(x, 12, w, torch.zeros(12, requires_grad=True))
     saved = y.grad_fn.next_functions[0][0].saved_tensors  # the reshape's input is our Function
     assert [tuple(t.shape) for t in saved] == [(5, 12), (12,), (5, 1), (5, 1)]
+
+
+def test_layer_norm_function_is_the_function_behind_layer_norm():
+    from lnbook.functional import LayerNormFunction, layer_norm
+
+    x = torch.randn(2, 5, dtype=torch.float64)
+    w, b = torch.randn(5, dtype=torch.float64), torch.randn(5, dtype=torch.float64)
+    y, mean, rstd = LayerNormFunction.apply(x, w, b, 1e-5)
+    torch.testing.assert_close(y, layer_norm(x, 5, w, b, 1e-5))
+    torch.testing.assert_close(rstd.reshape(-1), (x.var(-1, unbiased=False) + 1e-5).rsqrt())

@@ -45,3 +45,28 @@ def test_bad_arguments_raise():
         testing.swap_test(LayerNorm, tol=-1.0)
     with pytest.raises(ValueError, match="one trailing"):
         testing.NoMeanTermLayerNorm((2, 4))(torch.randn(3, 2, 4))
+
+
+def test_constant_statistics_mutant_has_right_first_but_wrong_second_derivative():
+    torch.manual_seed(0)
+    x = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(6, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(6, dtype=torch.float64, requires_grad=True)
+    f = lambda a, c, d: testing.constant_statistics_layer_norm(a, c, d, 1e-5)
+    assert torch.autograd.gradcheck(f, (x, w, b))
+    assert not torch.autograd.gradgradcheck(f, (x, w, b), raise_exception=False)
+
+
+def test_penalty_gradients_pass_lnbook_and_fail_the_constant_statistics_mutant():
+    penalty, gap = testing.penalty_gradient_gap(LayerNorm)
+    bad_penalty, bad_gap = testing.penalty_gradient_gap(testing.ConstantStatisticsLayerNorm)
+    torch_penalty = testing.penalty_and_gradients(torch.nn.LayerNorm)[0].item()
+    assert abs(penalty - torch_penalty) < 1e-12 and abs(bad_penalty - torch_penalty) < 1e-12
+    assert gap < 1e-10 and bad_gap > 1e-2
+
+
+def test_penalty_and_gradients_rejects_a_non_module():
+    with pytest.raises(TypeError, match="norm_class"):
+        testing.penalty_and_gradients("LayerNorm")
+    with pytest.raises(ValueError, match="eps"):
+        testing.constant_statistics_layer_norm(torch.zeros(2, 3), torch.ones(3), torch.zeros(3), eps=0.0)

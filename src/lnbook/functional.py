@@ -111,6 +111,11 @@ class _DualLayerNorm(_LayerNorm):
         return dy.to(x.dtype), dmean, drstd
 
 
+LayerNormFunction = _LayerNorm
+"""The ``torch.autograd.Function`` behind :func:`layer_norm` (forward returns ``y, mean, rstd``), for
+variants that reuse its forward and backward, such as the planted bugs of ``lnbook.testing``."""
+
+
 def layer_norm(
     x: torch.Tensor,
     normalized_shape: int | Sequence[int],

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 
 from ._checks import check_bool, check_number
+from .functional import LayerNormFunction
 from .norms import LayerNorm, replace_layer_norms, swap_modules
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -110,3 +111,59 @@ def swap_test(norm_class: type[torch.nn.Module], tol: float = 1e-10) -> None:
     loss_gap, _, grad_gap = swap_gaps(norm_class, random_direction_loss, random_affine=True)
     if not (loss_gap < tol and grad_gap < tol):
         raise AssertionError(f"a gradient is off by {grad_gap:.1e} of its largest entry")
+
+
+class _ConstantStatistics(torch.autograd.Function):
+    """lnbook's LayerNorm forward and backward, with mean and rstd saved as constants instead of
+    returned as outputs: first derivatives are right, second derivatives are not (a planted bug)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):  # type: ignore[override]
+        y, mean, rstd = LayerNormFunction.forward(x, weight, bias, eps)
+        ctx.save_for_backward(x, weight, mean, rstd)  # computed inside forward: constants to autograd
+        ctx.bias_dtype = bias.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        return LayerNormFunction.backward(ctx, dy, None, None)
+
+
+def constant_statistics_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """LayerNorm over the last axis of ``x`` ``(..., H)`` with ``weight``, ``bias`` ``(H,)``, through
+    the planted bug :class:`_ConstantStatistics`."""
+    eps = check_number(eps, "eps", "a positive number", lambda v: v > 0)
+    return _ConstantStatistics.apply(x, weight, bias, eps)
+
+
+class ConstantStatisticsLayerNorm(LayerNorm):
+    """lnbook's LayerNorm module whose second derivative is wrong: its statistics are saved as
+    constants (:class:`_ConstantStatistics`). Forward and first derivative are ours."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return constant_statistics_layer_norm(x, self.weight, self.bias, self.eps)
+
+
+def penalty_and_gradients(norm_class: type[torch.nn.Module], seed: int = 0) -> list[torch.Tensor]:
+    """A WGAN-GP gradient penalty through a small float64 critic that normalizes with
+    ``norm_class(16)``, and the penalty's gradients with respect to the critic's parameters (all
+    but the last bias, on which the input gradient does not depend): ``[penalty, *grads]``."""
+    if not (isinstance(norm_class, type) and issubclass(norm_class, torch.nn.Module)):
+        raise TypeError(f"norm_class must be a torch.nn.Module subclass, got {norm_class!r}")
+    torch.manual_seed(seed)
+    critic = torch.nn.Sequential(torch.nn.Linear(12, 16), norm_class(16), torch.nn.LeakyReLU(0.2),
+                                 torch.nn.Linear(16, 1)).double()
+    with torch.no_grad():  # gain and bias away from 1 and 0
+        critic[1].weight.normal_(1.0, 0.5), critic[1].bias.normal_(0.0, 0.5)
+    x = torch.randn(8, 12, dtype=torch.float64, requires_grad=True)
+    (g,) = torch.autograd.grad(critic(x).sum(), x, create_graph=True)
+    penalty = ((g.norm(dim=1) - 1) ** 2).mean()
+    return [penalty, *torch.autograd.grad(penalty, list(critic.parameters())[:-1])]
+
+
+def penalty_gradient_gap(norm_class: type[torch.nn.Module], seed: int = 0) -> tuple[float, float]:
+    """The penalty of :func:`penalty_and_gradients` with ``norm_class`` and the largest gap of its
+    gradients from torch's LayerNorm's, relative to each gradient's largest entry."""
+    ours, torchs = penalty_and_gradients(norm_class, seed), penalty_and_gradients(torch.nn.LayerNorm, seed)
+    gap = max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(ours[1:], torchs[1:]))
+    return ours[0].item(), gap
