@@ -126,3 +126,16 @@ def test_new_pages_counts_fresh_memory():
     assert small < 100 < big
     with pytest.raises(ValueError, match="calls"):
         bench.new_pages(lambda: None, calls=0)
+
+
+def test_saved_bytes_counts_each_kept_storage_once_and_skips_excluded():
+    from lnbook import bench
+
+    x = torch.randn(8, 16, requires_grad=True)
+    w = torch.randn(8, 16, requires_grad=True)
+    nbytes, out = bench.saved_bytes(lambda: x * w)
+    assert nbytes == 2 * 8 * 16 * 4 and out.shape == (8, 16)
+    assert bench.saved_bytes(lambda: x * w, exclude=[w])[0] == 8 * 16 * 4
+    assert bench.saved_bytes(lambda: x[:4] * x[4:])[0] == 8 * 16 * 4  # two views of one storage
+    with pytest.raises(TypeError, match="exclude"):
+        bench.saved_bytes(lambda: x * w, exclude=[1.0])

@@ -256,3 +256,27 @@ def write_csv(rows: Sequence[Mapping[str, object]], path: str | os.PathLike, dev
         for row in rows:
             writer.writerow({**row, **stamp})
     return path
+
+
+def saved_bytes(fn: Callable[[], torch.Tensor], exclude: Sequence[torch.Tensor] = ()) -> tuple[int, torch.Tensor]:
+    """Run ``fn()`` and count the bytes of the tensors autograd saves for its backward pass,
+    each storage once (a view of a kept storage adds nothing), leaving out the storages of
+    ``exclude`` (parameters, which the model keeps anyway). Returns the bytes and ``fn()``'s output."""
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    skip = set()
+    for t in exclude:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"exclude must hold tensors, got {type(t).__name__}")
+        skip.add(t.untyped_storage().data_ptr())
+    kept: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in skip:
+            kept[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return sum(kept.values()), out
