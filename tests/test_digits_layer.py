@@ -87,3 +87,49 @@ def test_turn_run_follows_the_first_order_law_and_the_control_keeps_the_norm():
     assert torch.allclose(fixed["norm"], W0.norm(dim=(1, 2)).expand(10, -1))
     with pytest.raises(ValueError, match="lr"):
         digits_layer.turn_run(W0, V, X, y, 0.0, 3, batches)
+    assert free["loss"].shape == (10, 2) and bool((free["loss"] > 0).all())
+
+
+def test_error_parts_add_up_to_the_detached_gradient_and_match_the_reference():
+    gen = torch.Generator().manual_seed(1)
+    a, g = torch.randn(5, 12, generator=gen, dtype=torch.float64) * 2 + 1, torch.randn(5, 12, generator=gen, dtype=torch.float64)
+    true, along_1, along_x = digits_layer.error_parts(a, g)
+    ar = a.clone().requires_grad_()
+    torch.nn.functional.layer_norm(ar, (12,)).backward(g)
+    assert torch.allclose(true, ar.grad, atol=1e-12)
+    r = torch.rsqrt(a.var(-1, correction=0, keepdim=True) + 1e-5)
+    assert torch.allclose(true + along_1 + along_x, r * g)
+    assert along_1.std(-1).max() < 1e-12  # the same number on every unit
+    with pytest.raises(ValueError, match="g_hat"):
+        digits_layer.error_parts(a, g[:, :4])
+
+
+def test_train_affine_frozen_matches_train_layer_and_trains_gain_and_readout():
+    X, y = _data()
+    W0, V = digits_layer.init_layers([0, 1], hidden=8)
+    batches = lambda step: digits_layer.batch_indices(step, 2, len(y), batch=16)  # noqa: E731
+    W_ref, rec_ref = digits_layer.train_layer(W0, V, X, y, layer_norm, 0.5, 15, batches)
+    p, rec = digits_layer.train_affine(W0, V, X, y, layer_norm, 0.5, 15, batches, measure=True)
+    assert torch.allclose(p["W"], W_ref) and torch.equal(p["V"], V) and bool((p["gain"] == 1).all())
+    assert torch.allclose(rec["loss"], rec_ref["loss"])
+    shares = rec["row mean"] + rec["along W"] + rec["visible"]
+    assert torch.allclose(shares, torch.ones_like(shares)) and bool(((rec["along xhat"] >= 0) & (rec["along xhat"] <= 1)).all())
+    p2, rec2 = digits_layer.train_affine(W0, V, X, y, layer_norm, 0.5, 15, batches, train_gain=True, train_readout=True)
+    assert not torch.equal(p2["V"], V) and not bool((p2["gain"] == 1).all())
+    assert rec2["loss"][-5:].mean() < rec["loss"][-5:].mean()  # the scale it can learn lowers the loss
+    with pytest.raises(ValueError, match="lr"):
+        digits_layer.train_affine(W0, V, X, y, layer_norm, 0.0, 3, batches)
+
+
+def test_best_rate_picks_the_lowest_validation_loss():
+    X, y = _data(60)
+    W0, V = digits_layer.init_layers([0, 1], hidden=8)
+    batches = lambda step: digits_layer.batch_indices(step, 2, 40, batch=16)  # noqa: E731
+    out = digits_layer.best_rate(W0, V, (X[:40], y[:40]), (X[40:], y[40:]), layer_norm, (0.01, 1.0), 20, batches,
+                                 train_gain=True, train_readout=True)
+    assert out["val_loss"].shape == (2,) and out["rate"] == (0.01, 1.0)[int(out["val_loss"].argmin())]
+    assert out["loss"].shape == (20, 2, 2) and out["params"]["W"].shape == W0.shape
+    p = out["params"]
+    assert torch.allclose(digits_layer.full_loss(p["W"], p["V"], X[40:], y[40:], out["model"]).mean(), out["val_loss"].min())
+    with pytest.raises(ValueError, match="rates"):
+        digits_layer.best_rate(W0, V, (X, y), (X, y), layer_norm, (), 3, batches)

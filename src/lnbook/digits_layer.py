@@ -1,6 +1,8 @@
 """One LayerNorm layer on the 8x8 digits, ``softmax(V norm(W x))``, trained by SGD on ``W`` alone,
-with many models (seeds, batch orders, learning rates) run as one batched tensor; and the split
-of the detached gradient's error into the parts the model can and cannot see.
+with many models (seeds, batch orders, learning rates) run as one batched tensor; the same layer
+with a trainable gain and read-out (``train_affine``, ``best_rate``); and the detached gradient's
+error: its two terms at the norm (``error_parts``) and its split in weight space into the parts
+the model can and cannot see (``error_split``).
 
 Shapes: pixels ``X`` ``(N, 64)``, labels ``y`` ``(N,)``; weights ``W`` ``(R, H, 64)`` and the
 fixed read-out ``V`` ``(R, 10, H)``, one model per leading index ``r``.
@@ -152,7 +154,8 @@ def turn_run(
 ) -> dict[str, torch.Tensor]:
     """SGD through LayerNorm (or ``norm``), recording per step ``(steps, R)``: ``norm`` (``|W|``
     before the step), ``turn`` (how far the step moves ``W/|W|``), ``unit gradient`` (the
-    gradient's norm at ``W/|W|``) and ``cosine`` (``|cos|`` of the gradient with ``W``).
+    gradient's norm at ``W/|W|``), ``cosine`` (``|cos|`` of the gradient with ``W``) and ``loss``
+    (the minibatch loss before the step).
     ``fixed_norm``: the control, ``W`` re-projected to its initial norm after every step."""
     _check_models(W, V)
     check_positive_int(steps, "steps")
@@ -160,11 +163,13 @@ def turn_run(
         raise ValueError(f"lr must be positive, got {lr}")
     norm = norm or (lambda a: torch.nn.functional.layer_norm(a, (a.shape[-1],)))
     initial = W.norm(dim=(1, 2), keepdim=True)
-    record: dict[str, list[torch.Tensor]] = {k: [] for k in ("norm", "turn", "unit gradient", "cosine")}
+    record: dict[str, list[torch.Tensor]] = {k: [] for k in ("norm", "turn", "unit gradient", "cosine", "loss")}
     for step in range(steps):
         idx = batches(step)
         Wr = W.clone().requires_grad_()
-        (grad,) = torch.autograd.grad(layer_loss(Wr, V, X, y, idx, norm).sum(), Wr)
+        loss = layer_loss(Wr, V, X, y, idx, norm)
+        (grad,) = torch.autograd.grad(loss.sum(), Wr)
+        record["loss"].append(loss.detach())
         size = W.norm(dim=(1, 2), keepdim=True)
         W_unit = (W / size).requires_grad_()  # the direction alone, at norm 1
         (grad_unit,) = torch.autograd.grad(layer_loss(W_unit, V, X, y, idx, norm).sum(), W_unit)
@@ -177,3 +182,109 @@ def turn_run(
             W = W * (initial / W.norm(dim=(1, 2), keepdim=True))
         record["turn"].append((W / W.norm(dim=(1, 2), keepdim=True) - before).norm(dim=(1, 2)))
     return {k: torch.stack(v) for k, v in record.items()}
+
+
+def error_parts(a: torch.Tensor, g_hat: torch.Tensor, eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """LayerNorm's true input gradient for summed inputs ``a`` and upstream gradient ``g_hat``
+    (both ``(..., H)``), and the two terms it removes from ``r g_hat``, which the detached
+    gradient keeps: returns ``(true, along_1, along_xhat)``, each ``(..., H)``;
+    ``r g_hat = true + along_1 + along_xhat``."""
+    if not isinstance(a, torch.Tensor) or not isinstance(g_hat, torch.Tensor) or a.shape != g_hat.shape or a.dim() < 1:
+        raise ValueError(f"a and g_hat must be tensors of one shape (..., H), got "
+                         f"{getattr(a, 'shape', type(a).__name__)} and {getattr(g_hat, 'shape', type(g_hat).__name__)}")
+    if not eps >= 0:
+        raise ValueError(f"eps must be non-negative, got {eps}")
+    var, mu = torch.var_mean(a, -1, correction=0, keepdim=True)
+    r = torch.rsqrt(var + eps)
+    xhat = (a - mu) * r
+    along_1 = r * g_hat.mean(-1, keepdim=True).expand_as(g_hat)
+    along_x = r * xhat * (g_hat * xhat).mean(-1, keepdim=True)
+    return r * g_hat - along_1 - along_x, along_1, along_x
+
+
+def train_affine(
+    W: torch.Tensor,
+    V: torch.Tensor,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    norm: Norm,
+    lr: float | torch.Tensor,
+    steps: int,
+    batches: Callable[[int], torch.Tensor],
+    train_gain: bool = False,
+    train_readout: bool = False,
+    measure: bool = False,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """SGD on ``softmax(V (gain * norm(W x)))``: on ``W`` always, on the gain ``(R, 1, H)``
+    (starting at 1) if ``train_gain``, on ``V`` if ``train_readout`` (copies; the inputs are not
+    changed). ``lr``: a number or one rate per model ``(R,)``. Returns the final ``{"W", "V",
+    "gain"}`` and, per step ``(steps, R)``, the minibatch ``loss``. With ``measure`` (``norm``
+    must then be LayerNorm with eps 1e-5) it also records, before each update, the detached
+    gradient's error on that step's upstream gradient ``g_hat = dL/dxhat``: ``error`` (ratio of
+    RMS errors over the batch), ``median error`` (median over the examples), ``along xhat``
+    (share of the squared error along xhat), and the weight-space shares of ``error_split``
+    (``row mean``, ``along W``, ``visible``)."""
+    _check_models(W, V)
+    check_positive_int(steps, "steps")
+    rate = torch.as_tensor(lr, dtype=W.dtype).expand(len(W)).reshape(-1, 1, 1)
+    if not bool((rate > 0).all()):
+        raise ValueError(f"lr must be positive, got {lr}")
+    params = {"W": W.clone(), "V": V.clone(), "gain": torch.ones(len(W), 1, W.shape[1], dtype=W.dtype)}
+    trained = ["W"] + ["gain"] * train_gain + ["V"] * train_readout
+    record: dict[str, list[torch.Tensor]] = {"loss": []}
+    for step in range(steps):
+        idx = batches(step)
+        p = {k: v.clone().requires_grad_(k in trained) for k, v in params.items()}
+        a = X[idx] @ p["W"].transpose(1, 2)
+        h = norm(a)
+        logits = (p["gain"] * h) @ p["V"].transpose(1, 2)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y[idx].flatten(), reduction="none").view(len(W), -1).mean(1)
+        grads = torch.autograd.grad(loss.sum(), [p[k] for k in trained] + ([h] if measure else []))
+        record["loss"].append(loss.detach())
+        if measure:
+            true, along_1, along_x = error_parts(a.detach(), grads[-1])
+            error = along_1 + along_x
+            for key, value in (("error", error.norm(dim=(1, 2)) / true.norm(dim=(1, 2))),
+                               ("median error", (error.norm(dim=2) / true.norm(dim=2)).median(1).values),
+                               ("along xhat", along_x.pow(2).sum((1, 2)) / error.pow(2).sum((1, 2)))):
+                record.setdefault(key, []).append(value)
+            G_true = true.transpose(1, 2) @ X[idx]  # dL/dW = sum over the batch of (dL/da) x^T
+            for key, value in error_split(params["W"], G_true, (true + error).transpose(1, 2) @ X[idx]).items():
+                record.setdefault(key, []).append(value)
+        for k, g in zip(trained, grads):
+            params[k] = params[k] - rate * g
+    return params, {k: torch.stack(v) for k, v in record.items()}
+
+
+def best_rate(
+    W: torch.Tensor,
+    V: torch.Tensor,
+    fit: tuple[torch.Tensor, torch.Tensor],
+    val: tuple[torch.Tensor, torch.Tensor],
+    norm: Norm,
+    rates: tuple[float, ...],
+    steps: int,
+    batches: Callable[[int], torch.Tensor],
+    train_gain: bool = False,
+    train_readout: bool = False,
+) -> dict:
+    """Train every model of ``W`` ``(R, H, 64)`` at every rate, as one batched model, on the
+    pixels and labels ``fit``, and pick the rate with the lowest mean loss on ``val`` (a model
+    that diverged counts as infinite loss). Returns ``val_loss`` (one per rate), ``rate``,
+    ``params`` (the chosen rate's ``W``, ``V``, ``gain``), ``model`` (``x -> logits``'s norm
+    part, ``gain * norm``, for ``full_loss`` and ``accuracy``) and ``loss`` ``(steps, rates, R)``,
+    every rate's minibatch loss."""
+    _check_models(W, V)
+    if not rates or any(not rate > 0 for rate in rates):
+        raise ValueError(f"rates must be positive numbers, got {rates}")
+    k, R = len(rates), len(W)
+    lr = torch.tensor(rates, dtype=W.dtype).repeat_interleave(R)
+    params, record = train_affine(W.repeat(k, 1, 1), V.repeat(k, 1, 1), *fit, norm, lr, steps,
+                                  lambda step: batches(step).repeat(k, 1), train_gain, train_readout)
+    g = params["gain"]
+    val_loss = full_loss(params["W"], params["V"], *val, lambda a: g * norm(a)).view(k, R).mean(1)
+    best = int(torch.nan_to_num(val_loss, nan=float("inf")).argmin())
+    pick = {key: value[best * R:(best + 1) * R] for key, value in params.items()}
+    gain = pick["gain"]
+    return {"val_loss": val_loss, "rate": rates[best], "params": pick, "model": lambda a: gain * norm(a),
+            "loss": record["loss"].view(steps, k, R)}
