@@ -70,3 +70,15 @@ def test_penalty_and_gradients_rejects_a_non_module():
         testing.penalty_and_gradients("LayerNorm")
     with pytest.raises(ValueError, match="eps"):
         testing.constant_statistics_layer_norm(torch.zeros(2, 3), torch.ones(3), torch.zeros(3), eps=0.0)
+
+
+def test_sixteen_bit_errors_separates_rounding_from_a_float16_computation():
+    from lnbook.functional import layer_norm
+
+    ours = testing.sixteen_bit_errors(layer_norm, torch.bfloat16)
+    assert len(ours) == 4 and max(ours) < 1
+    # computing in the input's own 16 bits, statistics included, is far outside one unit
+    naive = lambda x, n, w, b: ((x - x.mean(-1, keepdim=True)) / (x.var(-1, unbiased=False, keepdim=True) + 1e-5).sqrt()) * w + b
+    assert max(testing.sixteen_bit_errors(naive, torch.bfloat16)) > 1
+    with pytest.raises(ValueError, match="dtype"):
+        testing.sixteen_bit_errors(layer_norm, torch.float32)

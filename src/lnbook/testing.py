@@ -167,3 +167,31 @@ def penalty_gradient_gap(norm_class: type[torch.nn.Module], seed: int = 0) -> tu
     ours, torchs = penalty_and_gradients(norm_class, seed), penalty_and_gradients(torch.nn.LayerNorm, seed)
     gap = max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(ours[1:], torchs[1:]))
     return ours[0].item(), gap
+
+
+def sixteen_bit_errors(fn: Callable[..., torch.Tensor], dtype: torch.dtype, rows: int = 64, H: int = 256,
+                       seed: int = 0) -> list[float]:
+    """The largest error of ``fn(x, H, weight, bias)`` and of its gradients with respect to x,
+    weight and bias, in ``dtype`` (float16 or bfloat16), against torch's LayerNorm in float64 on
+    the same rounded inputs ``x`` ``(rows, H)``: each relative to the result's largest entry, in
+    units of ``dtype``'s rounding unit u. Returns ``[y, dx, dweight, dbias]``."""
+    if dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"dtype must be torch.float16 or torch.bfloat16, got {dtype!r}")
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    g = torch.Generator().manual_seed(seed)
+    x, dy = (torch.randn(rows, H, generator=g) * 2 + 1).to(dtype), torch.randn(rows, H, generator=g).to(dtype)
+    w, b = (1 + 0.5 * torch.randn(H, generator=g)).to(dtype), (0.5 * torch.randn(H, generator=g)).to(dtype)
+
+    def outputs(x, w, b, dy, f):
+        x, w, b = (t.detach().requires_grad_() for t in (x, w, b))
+        y = f(x, H, w, b)
+        return [y, *torch.autograd.grad(y, (x, w, b), dy)]
+
+    torch_ln = lambda x, n, w, b: torch.nn.functional.layer_norm(x, (n,), w, b)  # noqa: E731
+    truth = outputs(*(t.double() for t in (x, w, b, dy)), torch_ln)
+    got = outputs(x, w, b, dy, fn)
+    if not all(t.dtype == dtype for t in got):
+        raise AssertionError(f"fn returned {[t.dtype for t in got]}, not the input's type {dtype}")
+    u = torch.finfo(dtype).eps / 2
+    return [((t.double() - r).abs().max() / r.abs().max()).item() / u for t, r in zip(got, truth)]
