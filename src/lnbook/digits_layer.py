@@ -84,14 +84,10 @@ def train_layer(
     lr: float | torch.Tensor,
     steps: int,
     batches: Callable[[int], torch.Tensor],
-    undo_drift: torch.Tensor | None = None,
     on_step: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """SGD on ``W`` (a copy; ``V`` stays fixed). ``lr``: a number, or one rate per model ``(R,)``.
-    ``batches(step)`` gives each model's minibatch ``(R, B)``. ``undo_drift``: ``(steps, R)``
-    norms; after every step, put the mean of each model's rows back to its initial value and
-    scale the rest so that ``|W|`` is that step's norm (both invisible to LayerNorm's output).
-    ``on_step(step, W, grad)`` is called before each update. Returns the final ``W`` and, per
+    ``batches(step)`` gives each model's minibatch ``(R, B)``. ``on_step(step, W, grad)`` is called before each update. Returns the final ``W`` and, per
     step ``(steps, R)``: ``loss`` (minibatch), ``norm`` (``|W|`` after the step) and ``cosine``
     (of the step's gradient with ``W``)."""
     _check_models(W, V)
@@ -99,9 +95,6 @@ def train_layer(
     rate = torch.as_tensor(lr, dtype=W.dtype).expand(len(W)).reshape(-1, 1, 1)
     if not bool((rate > 0).all()):
         raise ValueError(f"lr must be positive, got {lr}")
-    if undo_drift is not None and tuple(undo_drift.shape) != (steps, len(W)):
-        raise ValueError(f"undo_drift must have shape (steps, R) = ({steps}, {len(W)}), got {tuple(undo_drift.shape)}")
-    row_mean = W.mean(1, keepdim=True)
     W = W.clone()
     record: dict[str, list[torch.Tensor]] = {"loss": [], "norm": [], "cosine": []}
     for step in range(steps):
@@ -113,10 +106,6 @@ def train_layer(
         record["loss"].append(loss.detach())
         record["cosine"].append((grad * W).sum((1, 2)) / grad.norm(dim=(1, 2)) / W.norm(dim=(1, 2)))
         W = W - rate * grad
-        if undo_drift is not None:  # the row mean back to its initial value, then |W| to the target by scaling the rest
-            rest = W - W.mean(1, keepdim=True)  # orthogonal to every matrix with equal rows
-            target = (undo_drift[step] ** 2 - row_mean.expand_as(W).pow(2).sum((1, 2))).clamp_min(0).sqrt()
-            W = row_mean + rest * (target / rest.norm(dim=(1, 2))).view(-1, 1, 1)
         record["norm"].append(W.norm(dim=(1, 2)))
     return W, {k: torch.stack(v) for k, v in record.items()}
 
