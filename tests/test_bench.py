@@ -139,3 +139,30 @@ def test_saved_bytes_counts_each_kept_storage_once_and_skips_excluded():
     assert bench.saved_bytes(lambda: x[:4] * x[4:])[0] == 8 * 16 * 4  # two views of one storage
     with pytest.raises(TypeError, match="exclude"):
         bench.saved_bytes(lambda: x * w, exclude=[1.0])
+
+
+def test_cpu_caches_and_copy_bandwidths_report_per_size():
+    caches = bench.cpu_caches()
+    assert all(k.startswith("L") and v for k, v in caches.items())
+    speeds = bench.copy_bandwidths([0.25, 1], repeat=2)
+    assert list(speeds) == [0.25, 1] and all(v > 0 for v in speeds.values())
+    with pytest.raises(ValueError, match="sizes_mib"):
+        bench.copy_bandwidths([])
+
+
+def test_time_calls_and_format_quartiles():
+    out = bench.time_calls({"a": lambda: None, "b": lambda: sum(range(100))}, {"a": 10, "b": 20}, full_bytes=4096, repeat=3)
+    assert set(out) == {"a", "b"} and all(t.gbps > 0 and t.quartiles[0] <= t.quartiles[1] <= t.quartiles[2] for t in out.values())
+    assert bench.format_quartiles((0.001, 0.002, 0.003)) == "2.00 ms [1.00, 3.00]"
+    with pytest.raises(ValueError, match="nbytes"):
+        bench.time_calls({"a": lambda: None}, {"b": 1}, full_bytes=1)
+
+
+def test_reuse_freed_memory_cuts_fresh_pages():
+    alloc = lambda: bytearray(8 * 2**20)  # 8 MiB: above glibc's default mmap threshold
+    before = bench.new_pages(alloc, calls=3)
+    with bench.reuse_freed_memory() as active:
+        alloc()
+        after = bench.new_pages(alloc, calls=3)
+    if active:
+        assert after < before

@@ -210,3 +210,24 @@ def test_welford_parts_matches_welford_and_the_merge_and_the_variance():
     for bad in (3, 0, 128):
         with pytest.raises(ValueError, match="parts"):
             reference.welford_parts(x, bad)
+
+
+def test_welford_lanes_is_one_welford_with_one_lane_and_one_chunk_and_matches_the_variance():
+    x = np.random.default_rng(3).normal(size=(5, 32)) + 100
+    assert np.array_equal(reference.welford_lanes(x, 1, 32, "float32"), reference.variance(x, "welford", "float32"))
+    np.testing.assert_allclose(reference.welford_lanes(x, 8, 2), x.var(axis=-1), rtol=1e-12)
+    assert not np.array_equal(reference.welford_lanes(x, 8, 2, "float32"), reference.variance(x, "welford", "float32"))
+    with pytest.raises(ValueError, match="lanes"):
+        reference.welford_lanes(x, 3, 2)
+    with pytest.raises(ValueError, match="divide"):
+        reference.welford_lanes(x, 8, 3)
+
+
+def test_variance_error_measures_the_algorithm_and_skips_coarse_storage():
+    rows = np.random.default_rng(0).normal(size=(8, 64))
+    assert reference.variance_error(rows, 0, "two_pass", "float64") < 1e-14
+    assert reference.variance_error(rows, 1000, "one_pass", "float32") > 100 * reference.variance_error(rows, 1000, "two_pass", "float32")
+    assert np.isnan(reference.variance_error(rows, 10_000, "two_pass", "bfloat16"))  # step 64 > spread 1
+    assert reference.storage_step(1000, "float16") == 0.5
+    with pytest.raises(ValueError, match="rows"):
+        reference.variance_error(rows[0], 0, "two_pass", "float64")

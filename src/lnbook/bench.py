@@ -280,3 +280,79 @@ def saved_bytes(fn: Callable[[], torch.Tensor], exclude: Sequence[torch.Tensor] 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn()
     return sum(kept.values()), out
+
+
+def cpu_caches(cpu: int = 0) -> dict[str, str]:
+    """The cache sizes the operating system reports for one CPU, e.g. ``{"L1d": "48K", "L3u": "32768K"}``
+    (Linux ``/sys``; empty elsewhere). A shared L3 is the socket's, not what one thread gets."""
+    check_int(cpu, "cpu")
+    out = {}
+    for d in sorted(Path(f"/sys/devices/system/cpu/cpu{cpu}/cache").glob("index*")):
+        try:
+            level, kind = (d / "level").read_text().strip(), (d / "type").read_text().strip()[0].lower()
+            out[f"L{level}{kind}"] = (d / "size").read_text().strip()
+        except OSError:
+            continue
+    return out
+
+
+def copy_bandwidths(sizes_mib: Sequence[float], repeat: int = 5) -> dict[float, float]:
+    """Bytes per second of a one-tensor copy at each size in MiB (CPU): the speed falls where
+    the copy stops fitting the caches a thread can use."""
+    if not sizes_mib:
+        raise ValueError("sizes_mib must name at least one size")
+    return {s: copy_bandwidth(nbytes=max(4, int(s * 2**20)), repeat=repeat) for s in sizes_mib}
+
+
+class TimedCall(NamedTuple):
+    """One function's timing: quartiles of the seconds per call, bandwidth at the median for
+    the bytes it moves, and the fresh memory it maps per call, in tensors of ``full_bytes``."""
+
+    quartiles: tuple[float, float, float]
+    gbps: float
+    fresh_tensors: float
+
+
+def time_calls(fns: Mapping[str, Callable[[], object]], nbytes: Mapping[str, int], full_bytes: int,
+               repeat: int = 15) -> dict[str, TimedCall]:
+    """Time ``fns`` interleaved (:func:`quartile_times`) and turn each median into GB/s for the
+    ``nbytes`` it moves; ``full_bytes`` is the size of one full-size tensor, the unit of fresh memory."""
+    check_positive_int(full_bytes, "full_bytes")
+    if set(nbytes) != set(fns):
+        raise ValueError(f"nbytes must have the keys of fns {sorted(fns)}, got {sorted(nbytes)}")
+    q = quartile_times(fns, repeat=repeat)
+    return {name: TimedCall(q[name], nbytes[name] / q[name][1] / 1e9, new_pages(fn) * 4096 / full_bytes)
+            for name, fn in fns.items()}
+
+
+def format_quartiles(q: tuple[float, float, float]) -> str:
+    """``"median ms [first quartile, third quartile]"`` for seconds ``(q1, median, q3)``."""
+    if len(q) != 3:
+        raise ValueError(f"q must be (q1, median, q3), got {q!r}")
+    return f"{q[1] * 1e3:.2f} ms [{q[0] * 1e3:.2f}, {q[2] * 1e3:.2f}]"
+
+
+class reuse_freed_memory:
+    """Context manager: glibc keeps freed memory for reuse (``mallopt`` raises
+    ``M_MMAP_THRESHOLD`` and ``M_TRIM_THRESHOLD``), so tensors freed by one call are reused by
+    the next instead of mapped afresh; glibc's defaults come back on exit. ``as`` gives
+    whether the setting took (False where glibc's ``mallopt`` is missing)."""
+
+    _TRIM, _MMAP, _DEFAULT = -1, -3, 128 * 1024
+
+    def __enter__(self) -> bool:
+        import ctypes
+        import ctypes.util
+
+        name = ctypes.util.find_library("c")
+        self._libc = ctypes.CDLL(name) if name else None
+        if self._libc is None or not hasattr(self._libc, "mallopt"):
+            self.active = False
+        else:
+            self.active = bool(self._libc.mallopt(self._MMAP, 2**30) and self._libc.mallopt(self._TRIM, 2**31))
+        return self.active
+
+    def __exit__(self, *exc: object) -> None:
+        if self.active:
+            self._libc.mallopt(self._MMAP, self._DEFAULT)
+            self._libc.mallopt(self._TRIM, self._DEFAULT)

@@ -314,6 +314,64 @@ def welford_parts(x: ArrayLike, parts: int, precision: str = "float64") -> np.nd
     return round_to(states[0].m2 / states[0].count, precision)
 
 
+def welford_lanes(x: ArrayLike, lanes: int = 8, chunk: int = 16, precision: str = "float64") -> np.ndarray:
+    """The variance of ``x (..., N)`` over its last axis as a vectorized CPU kernel computes it
+    (a model of ATen's ``RowwiseMoments``): element ``j`` goes to lane ``j % lanes``; each lane
+    runs Welford over blocks of ``chunk`` of its elements; each lane's block states are merged
+    in order, then the lanes' states pairwise as a tree, all with :func:`welford_merge`.
+    ``lanes`` must be a power of 2 and ``lanes * chunk`` must divide N."""
+    x = np.asarray(x, dtype=np.float64)
+    n_total = x.shape[-1] if x.ndim else 0
+    if isinstance(lanes, bool) or not isinstance(lanes, (int, np.integer)) or lanes < 1 or lanes & (lanes - 1):
+        raise ValueError(f"lanes must be a power of 2, got {describe(lanes)}")
+    if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
+        raise ValueError(f"chunk must be a positive int, got {describe(chunk)}")
+    if n_total == 0 or n_total % (lanes * chunk):
+        raise ValueError(f"lanes * chunk ({lanes * chunk}) must divide the row length {n_total}")
+    blocks = n_total // (lanes * chunk)
+    states = []
+    for lane in range(lanes):
+        per_lane = x[..., lane::lanes]  # this lane's elements, in order
+        state = welford(per_lane[..., :chunk], precision)
+        for k in range(1, blocks):
+            state = welford_merge(state, welford(per_lane[..., k * chunk : (k + 1) * chunk], precision), precision)
+        states.append(state)
+    while len(states) > 1:
+        states = [welford_merge(a, b, precision) for a, b in zip(states[::2], states[1::2])]
+    return round_to(states[0].m2 / states[0].count, precision)
+
+
+SIGNIFICAND_BITS = {"float64": 53, "float32": 24, "float16": 11, "bfloat16": 8}
+
+
+def storage_step(c: float, precision: str) -> float:
+    """The spacing of ``precision``'s values near ``c >= 0``: how finely it stores ``c + N(0, 1)``."""
+    if precision not in SIGNIFICAND_BITS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {describe(precision)}")
+    if c < 0:
+        raise ValueError(f"c must be >= 0, got {describe(c)}")
+    return float(2.0 ** (np.floor(np.log2(c)) - SIGNIFICAND_BITS[precision] + 1)) if c > 0 else 0.0
+
+
+def variance_error(
+    rows: ArrayLike, c: float, method: str, precision: str, accumulate: str | None = None
+) -> float:
+    """The largest relative error, over the rows of ``rows (R, N)`` shifted by ``c``, of
+    :func:`variance` against the float64 variance of the *stored* (rounded) inputs, so that it
+    is the algorithm's error alone. NaN where the storage step near ``c`` exceeds the rows'
+    spread (a few levels are left, not a sample) or a stored row is constant."""
+    rows = np.asarray(rows, dtype=np.float64)
+    if rows.ndim != 2:
+        raise ValueError(f"rows must be 2-D (R, N), got shape {rows.shape}")
+    x = c + rows
+    truth = round_to(x, precision).astype(np.float64).var(axis=-1)
+    if storage_step(c, precision) > rows.std() or truth.min() == 0:
+        return float("nan")
+    with np.errstate(all="ignore"):
+        est = variance(x, method, precision, accumulate).astype(np.float64)
+        return float(np.max(np.abs(est - truth) / truth))
+
+
 def variance(
     x: ArrayLike, method: str = "two_pass", precision: str = "float64", accumulate: str | None = None
 ) -> np.ndarray:
