@@ -318,8 +318,8 @@ def welford_lanes(x: ArrayLike, lanes: int = 8, chunk: int = 16, precision: str 
     """The variance of ``x (..., N)`` over its last axis as a vectorized CPU kernel computes it
     (a model of ATen's ``RowwiseMoments``): element ``j`` goes to lane ``j % lanes``; each lane
     runs Welford over blocks of ``chunk`` of its elements; each lane's block states are merged
-    in order, then the lanes' states pairwise as a tree, all with :func:`welford_merge`.
-    ``lanes`` must be a power of 2 and ``lanes * chunk`` must divide N."""
+    in order, then the lanes' states one after another, all with :func:`welford_merge`.
+    ``lanes`` (a power of 2) times ``chunk`` must divide N."""
     x = np.asarray(x, dtype=np.float64)
     n_total = x.shape[-1] if x.ndim else 0
     if isinstance(lanes, bool) or not isinstance(lanes, (int, np.integer)) or lanes < 1 or lanes & (lanes - 1):
@@ -336,9 +336,10 @@ def welford_lanes(x: ArrayLike, lanes: int = 8, chunk: int = 16, precision: str 
         for k in range(1, blocks):
             state = welford_merge(state, welford(per_lane[..., k * chunk : (k + 1) * chunk], precision), precision)
         states.append(state)
-    while len(states) > 1:
-        states = [welford_merge(a, b, precision) for a, b in zip(states[::2], states[1::2])]
-    return round_to(states[0].m2 / states[0].count, precision)
+    total = states[0]
+    for state in states[1:]:  # the lanes, one after another, as the kernel's final loop does
+        total = welford_merge(total, state, precision)
+    return round_to(total.m2 / total.count, precision)
 
 
 SIGNIFICAND_BITS = {"float64": 53, "float32": 24, "float16": 11, "bfloat16": 8}
