@@ -128,3 +128,22 @@ def test_best_rate_picks_the_lowest_validation_loss():
     assert torch.allclose(digits_layer.full_loss(p["W"], p["V"], X[40:], y[40:], out["model"]).mean(), out["val_loss"].min())
     with pytest.raises(ValueError, match="rates"):
         digits_layer.best_rate(W0, V, (X, y), (X, y), layer_norm, (), 3, batches)
+
+
+def test_fixed_norm_holds_each_models_norm_and_only_the_rate_over_norm_squared_matters():
+    X, y = _data()
+    W0, V = digits_layer.init_layers([0, 1], hidden=8)
+    W0 = W0 * torch.tensor([1.0, 3.0], dtype=torch.float64).view(2, 1, 1)  # two different initial norms
+    batches = lambda step: digits_layer.batch_indices(step, 2, len(y), batch=16)  # noqa: E731
+    fixed, _ = digits_layer.train_affine(W0, V, X, y, layer_norm, 2.0, 15, batches, train_gain=True, fixed_norm=True)
+    free, _ = digits_layer.train_affine(W0, V, X, y, layer_norm, 2.0, 15, batches, train_gain=True)
+    assert torch.allclose(fixed["W"].norm(dim=(1, 2)), W0.norm(dim=(1, 2)))
+    assert bool((free["W"].norm(dim=(1, 2)) > W0.norm(dim=(1, 2)) + 1e-3).all())  # SGD alone grows |W|
+    # scale invariance (eps 1e-12): from 2 W0 at rate 4 x 0.5 the held run is the run from W0 at rate 0.5, times 2
+    exact = lambda a: torch.nn.functional.layer_norm(a, (a.shape[-1],), eps=1e-12)  # noqa: E731
+    small, _ = digits_layer.train_affine(W0, V, X, y, exact, 0.5, 15, batches, fixed_norm=True)
+    large, _ = digits_layer.train_affine(2 * W0, V, X, y, exact, 2.0, 15, batches, fixed_norm=True)
+    assert (small["W"] - W0).abs().max() > 0.1 and torch.allclose(large["W"], 2 * small["W"], rtol=1e-9, atol=1e-12)
+    out = digits_layer.best_rate(W0, V, (X[:30], y[:30]), (X[30:], y[30:]), layer_norm, (0.1, 1.0), 10,
+                                 lambda step: digits_layer.batch_indices(step, 2, 30, batch=16), fixed_norm=True)
+    assert torch.allclose(out["params"]["W"].norm(dim=(1, 2)), W0.norm(dim=(1, 2)))

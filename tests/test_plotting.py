@@ -196,3 +196,23 @@ def test_step_curves_draws_one_smoothed_line_per_arm_and_panel():
         plotting.step_curves([])
     with pytest.raises(ValueError, match="fewer than window"):
         plotting.step_curves([{"runs": {"a": np.ones((3, 2))}}], window=5)
+
+
+def test_draws_on_log_axes_draws_every_draw_and_the_geometric_mean():
+    import matplotlib.pyplot as plt
+
+    x = np.array([0.5, 1.0, 2.0])
+    arms = {"a": np.array([[1.0, 10.0, 100.0], [100.0, 1000.0, 1e4]]), "b": np.full((3, 3), 2.0)}
+    fig = plotting.draws_on_log_axes(x, arms, "delta", "ratio", "t")
+    (ax,) = fig.axes
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    assert len(ax.lines) == 2 + 1 + 3 + 1  # per arm: one thin line per draw, then the thick mean
+    np.testing.assert_allclose(ax.lines[2].get_ydata(), [10.0, 100.0, 1000.0])  # geometric, not arithmetic, mean
+    assert "2 draws" in ax.lines[2].get_label()
+    plt.close(fig)
+    with pytest.raises(ValueError, match="positive values of shape"):
+        plotting.draws_on_log_axes(x, {"a": np.zeros((2, 3))}, "d", "r", "t")
+    with pytest.raises(ValueError, match="x must hold"):
+        plotting.draws_on_log_axes([1.0], arms, "d", "r", "t")
+    with pytest.raises(ValueError, match="arms must name"):
+        plotting.draws_on_log_axes(x, {}, "d", "r", "t")

@@ -1,6 +1,7 @@
 """One LayerNorm layer on the 8x8 digits, ``softmax(V norm(W x))``, trained by SGD on ``W`` alone,
 with many models (seeds, batch orders, learning rates) run as one batched tensor; the same layer
-with a trainable gain and read-out (``train_affine``, ``best_rate``); and the detached gradient's
+with a trainable gain and read-out (``train_affine``, ``best_rate``; ``fixed_norm`` holds ``|W|`` at
+its initial value, the control for the norm's growth); and the detached gradient's
 error: its two terms at the norm (``error_parts``) and its split in weight space into the parts
 the model can and cannot see (``error_split``).
 
@@ -203,6 +204,7 @@ def train_affine(
     train_gain: bool = False,
     train_readout: bool = False,
     measure: bool = False,
+    fixed_norm: bool = False,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """SGD on ``softmax(V (gain * norm(W x)))``: on ``W`` always, on the gain ``(R, 1, H)``
     (starting at 1) if ``train_gain``, on ``V`` if ``train_readout`` (copies; the inputs are not
@@ -212,12 +214,15 @@ def train_affine(
     gradient's error on that step's upstream gradient ``g_hat = dL/dxhat``: ``error`` (ratio of
     RMS errors over the batch), ``median error`` (median over the examples), ``along xhat``
     (share of the squared error along xhat), and the weight-space shares of ``error_split``
-    (``row mean``, ``along W``, ``visible``)."""
+    (``row mean``, ``along W``, ``visible``). ``fixed_norm``: the control for the norm's growth,
+    each model's ``W`` re-projected to its initial norm ``|W|`` after every step, so that a
+    scale-invariant norm sees a constant effective rate ``lr / |W|^2``."""
     _check_models(W, V)
     check_positive_int(steps, "steps")
     rate = torch.as_tensor(lr, dtype=W.dtype).expand(len(W)).reshape(-1, 1, 1)
     if not bool((rate > 0).all()):
         raise ValueError(f"lr must be positive, got {lr}")
+    initial = W.norm(dim=(1, 2), keepdim=True)
     params = {"W": W.clone(), "V": V.clone(), "gain": torch.ones(len(W), 1, W.shape[1], dtype=W.dtype)}
     trained = ["W"] + ["gain"] * train_gain + ["V"] * train_readout
     record: dict[str, list[torch.Tensor]] = {"loss": []}
@@ -242,6 +247,8 @@ def train_affine(
                 record.setdefault(key, []).append(value)
         for k, g in zip(trained, grads):
             params[k] = params[k] - rate * g
+        if fixed_norm:
+            params["W"] = params["W"] * (initial / params["W"].norm(dim=(1, 2), keepdim=True))
     return params, {k: torch.stack(v) for k, v in record.items()}
 
 
@@ -256,20 +263,23 @@ def best_rate(
     batches: Callable[[int], torch.Tensor],
     train_gain: bool = False,
     train_readout: bool = False,
+    fixed_norm: bool = False,
 ) -> dict:
     """Train every model of ``W`` ``(R, H, 64)`` at every rate, as one batched model, on the
     pixels and labels ``fit``, and pick the rate with the lowest mean loss on ``val`` (a model
     that diverged counts as infinite loss). Returns ``val_loss`` (one per rate), ``rate``,
     ``params`` (the chosen rate's ``W``, ``V``, ``gain``), ``model`` (``x -> logits``'s norm
     part, ``gain * norm``, for ``full_loss`` and ``accuracy``) and ``loss`` ``(steps, rates, R)``,
-    every rate's minibatch loss."""
+    every rate's minibatch loss. ``fixed_norm``: ``train_affine``'s control, ``W`` re-projected
+    to its initial norm after every step."""
     _check_models(W, V)
     if not rates or any(not rate > 0 for rate in rates):
         raise ValueError(f"rates must be positive numbers, got {rates}")
     k, R = len(rates), len(W)
     lr = torch.tensor(rates, dtype=W.dtype).repeat_interleave(R)
     params, record = train_affine(W.repeat(k, 1, 1), V.repeat(k, 1, 1), *fit, norm, lr, steps,
-                                  lambda step: batches(step).repeat(k, 1), train_gain, train_readout)
+                                  lambda step: batches(step).repeat(k, 1), train_gain, train_readout,
+                                  fixed_norm=fixed_norm)
     g = params["gain"]
     val_loss = full_loss(params["W"], params["V"], *val, lambda a: g * norm(a)).view(k, R).mean(1)
     best = int(torch.nan_to_num(val_loss, nan=float("inf")).argmin())

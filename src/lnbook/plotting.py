@@ -403,3 +403,39 @@ def step_curves(
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def draws_on_log_axes(
+    x: ArrayLike,
+    arms: dict[str, ArrayLike],
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    colours: tuple[str, ...] = ("C0", "C1", "C2", "C3", "C4"),
+) -> Figure:
+    """One panel, both axes logarithmic: for each arm, a thin line per random draw and a thick
+    line through the geometric mean over the draws, labelled with the number of draws.
+
+    ``arms`` maps an arm's name to positive values ``(n_draws, len(x))`` (the first arm gets the
+    first colour, and so on); ``x`` holds positive values ``(n,)``.
+    """
+    x = np.asarray(x, dtype=float)
+    if x.ndim != 1 or len(x) < 2 or np.any(x <= 0):
+        raise ValueError(f"x must hold at least 2 positive values in one dimension, got {describe(x)}")
+    if not arms or len(arms) > len(colours):
+        raise ValueError(f"arms must name 1 to {len(colours)} arms (one colour each), got {len(arms)}")
+    fig, ax = plt.subplots(figsize=(7.0, 4.2))
+    for (arm, values), colour in zip(arms.items(), colours):
+        values = np.asarray(values, dtype=float)
+        if values.ndim != 2 or values.shape[1] != len(x) or not np.all(values > 0):
+            raise ValueError(f"arms[{arm!r}] must hold positive values of shape (n_draws, {len(x)}), got {describe(values)}")
+        for row in values:
+            ax.plot(x, row, color=colour, lw=0.6, alpha=0.4)
+        ax.plot(x, np.exp(np.log(values).mean(0)), color=colour, lw=2, marker="o", ms=4,
+                label=f"{arm} (geometric mean of {len(values)} draws; thin: each draw)")
+    ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.set_xticks(x, [f"{v:g}" for v in x])
+    ax.minorticks_off()
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
