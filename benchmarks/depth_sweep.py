@@ -32,22 +32,9 @@ from sigmoid_full import provenance  # this script's folder is on the path when 
 
 from lnbook import batchnorm_study as study
 from lnbook import data, models, seeds, train
-from lnbook.utils import seed_everything
 
 RESULTS = Path(__file__).resolve().parents[1] / "src" / "lnbook" / "results"
 ARMS = {"none": ("none", "default"), "none_he": ("none", "he"), "batch": ("batch", "default"), "layer": ("layer", "default")}
-
-
-def plain(norm: str, depth: int, seed: int, init: str) -> models.MLP:
-    """The notebook's ``plain``: models.MLP after seed_everything(seed); ``init="he"`` redraws every
-    linear layer's weights from N(0, 2 / fan-in) and zeroes its biases."""
-    seed_everything(seed)
-    net = models.MLP(64, (64,) * depth, 10, norm)
-    if init == "he":
-        for linear in models.mlp_layers(net)[0]:
-            torch.nn.init.kaiming_normal_(linear.weight, nonlinearity="relu")
-            torch.nn.init.zeros_(linear.bias)
-    return net
 
 
 def main() -> None:
@@ -70,10 +57,10 @@ def main() -> None:
     for depth in args.depths:
         for arm, (norm, init) in ARMS.items():
             start = time.perf_counter()
-            nets = [plain(norm, depth, s, init) for s in seed_list]
+            nets = [study.seeded_mlp(norm, s, depth, init) for s in seed_list]
             grads = [models.layer_stats(net, *probe)["grad"] for net in nets]
             members = seed_list * len(args.lrs)
-            model = seeds.stack([plain(norm, depth, s, init) for s in members])
+            model = seeds.stack([study.seeded_mlp(norm, s, depth, init) for s in members])
             hist, scored = study.fit_scored(model, fit_set, val_set, test_set, epochs=args.epochs, batch_size=64,
                                             lr=[lr for lr in args.lrs for _ in seed_list], seeds=members, items=True)
             for m, h in enumerate(hist):

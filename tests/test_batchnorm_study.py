@@ -280,3 +280,19 @@ def test_log_band_stays_positive():
     with pytest.raises(ValueError, match="positive"):
         study.log_band(ax, [0, 1], -runs, "x")
     plt.close(fig)
+
+
+def test_seeded_mlp_is_reproducible_and_he_redraws_the_weights():
+    a, b = study.seeded_mlp("batch", 3), study.seeded_mlp("batch", 3)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert not torch.equal(study.seeded_mlp("batch", 4).net[1].weight, a.net[1].weight)
+    deep = study.seeded_mlp("none", 0, depth=10, init="he")
+    linears = models.mlp_layers(deep)[0]
+    assert len(linears) == 11 and all(torch.count_nonzero(layer.bias) == 0 for layer in linears)
+    stds = torch.tensor([layer.weight.std().item() for layer in linears[:-1]])
+    assert torch.allclose(stds, torch.full_like(stds, (2 / 64) ** 0.5), rtol=0.1)  # He: sqrt(2 / 64), about 0.177
+    assert study.seeded_mlp("none", 0).net[1].weight.std() < 0.1  # PyTorch's default: about 0.072
+    with pytest.raises(ValueError, match="init"):
+        study.seeded_mlp("none", 0, init="xavier")
+    with pytest.raises(ValueError, match="depth"):
+        study.seeded_mlp("none", 0, depth=0)

@@ -11,6 +11,8 @@
   ``benchmarks/sigmoid_full.py`` (50,000 updates) and ``benchmarks/depth_sweep.py`` (depth 3 to
   20), too long for the notebook, whose results ship inside the package (``lnbook/results/``),
   so the chapter reads them in Colab too.
+- :func:`seeded_mlp`: the ReLU MLP of the chapter's sweeps (and of the depth sweep) for one seed,
+  with PyTorch's default or He initialization.
 - :func:`largest_trained`: the chapter's range rule (the largest learning rate at which every
   seed's accuracy is above a floor).
 - :class:`Grid` (:func:`grid_compare`): one family of paired comparisons over a grid of settings
@@ -45,11 +47,12 @@ from .data import Dataset
 from .models import MLP, layer_stats, mlp_layers
 from .norms import MaskedBatchNorm1d, norm_layer
 from .train import History
+from .utils import seed_everything
 
 __all__ = [
     "SigmoidMLP", "recording_inputs", "percentiles", "fit_scored", "Grid", "grid_compare", "jointly", "layer_report",
     "dead_fraction", "bn_projection", "fold_batchnorm", "batch_answers", "default_init_std", "correct",
-    "validation_accuracy", "drift", "largest_trained", "tally", "log_band", "train_until",
+    "validation_accuracy", "drift", "seeded_mlp", "largest_trained", "tally", "log_band", "train_until",
 ]
 
 
@@ -313,6 +316,23 @@ def stored_depth_sweep() -> DepthSweep:
         last_loss={k: np.array(v) for k, v in column("last_loss", float).items()},
         right={k: np.array(v, dtype=float) for k, v in column("right", lambda t: [int(c) for c in t]).items()},
         init_grad={k[:2]: np.array(v) for k, v in column("init_grad", lambda t: [float(g) for g in t.split(";")]).items()})
+
+
+def seeded_mlp(norm: str, seed: int, depth: int = 3, init: str = "default") -> MLP:
+    """Chapter 01's ReLU MLP on the 8 x 8 digits, ``MLP(64, (64,) * depth, 10, norm)``, built after
+    ``seed_everything(seed)``; ``init="he"`` then redraws every linear layer's weights from He et
+    al.'s N(0, 2 / fan-in) and zeroes its biases."""
+    if init not in ("default", "he"):
+        raise ValueError(f"init must be 'default' or 'he', got {init!r}")
+    if not isinstance(depth, int) or depth < 1:
+        raise ValueError(f"depth must be a positive int (hidden layers), got {depth!r}")
+    seed_everything(seed)
+    net = MLP(64, (64,) * depth, 10, norm)
+    if init == "he":
+        for linear in mlp_layers(net)[0]:
+            nn.init.kaiming_normal_(linear.weight, nonlinearity="relu")
+            nn.init.zeros_(linear.bias)
+    return net
 
 
 def largest_trained(accuracy: Mapping[float, Sequence[float]], floor: float = 0.5) -> float | None:
