@@ -82,3 +82,32 @@ def test_sixteen_bit_errors_separates_rounding_from_a_float16_computation():
     assert max(testing.sixteen_bit_errors(naive, torch.bfloat16)) > 1
     with pytest.raises(ValueError, match="dtype"):
         testing.sixteen_bit_errors(layer_norm, torch.float32)
+    with pytest.raises(ValueError, match="param_dtype"):
+        testing.sixteen_bit_errors(layer_norm, torch.bfloat16, param_dtype=torch.float16)
+
+
+def test_sixteen_bit_errors_with_float32_parameters_finds_a_16_bit_accumulation():
+    from lnbook.functional import layer_norm
+
+    assert max(testing.sixteen_bit_errors(layer_norm, torch.bfloat16, rows=1024, param_dtype=torch.float32)) < 1
+
+    def bf16_sums(x, n, w, b):  # right in float32, but dweight and dbias summed over rows in bfloat16
+        class F(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x, w, b):
+                xhat = torch.nn.functional.layer_norm(x.float(), (n,))
+                ctx.save_for_backward(xhat, w, x)
+                return (xhat * w + b).to(x.dtype)
+
+            @staticmethod
+            def backward(ctx, dy):
+                xhat, w, x = ctx.saved_tensors
+                dx = torch.autograd.functional.vjp(lambda v: torch.nn.functional.layer_norm(v, (n,)) * w, x.float(), dy.float())[1]
+                dw, db = torch.zeros_like(w, dtype=dy.dtype), torch.zeros_like(w, dtype=dy.dtype)
+                for row in range(len(dy)):
+                    dw, db = dw + (dy[row].float() * xhat[row]).to(dy.dtype), db + dy[row]
+                return dx.to(x.dtype), dw.float(), db.float()
+
+        return F.apply(x, w, b)
+
+    assert max(testing.sixteen_bit_errors(bf16_sums, torch.bfloat16, rows=1024, param_dtype=torch.float32)[2:]) > 3

@@ -335,8 +335,10 @@ def format_quartiles(q: tuple[float, float, float]) -> str:
 class reuse_freed_memory:
     """Context manager: glibc keeps freed memory for reuse (``mallopt`` raises
     ``M_MMAP_THRESHOLD`` and ``M_TRIM_THRESHOLD``), so tensors freed by one call are reused by
-    the next instead of mapped afresh; glibc's defaults come back on exit. ``as`` gives
-    whether the setting took (False where glibc's ``mallopt`` is missing)."""
+    the next instead of mapped afresh. On exit both thresholds go back to glibc's default
+    values, but glibc's automatic raising of the mmap threshold stays off for the rest of the
+    process (any ``mallopt`` of it turns that off). ``as`` gives whether the setting took
+    (False where glibc's ``mallopt`` is missing)."""
 
     _TRIM, _MMAP, _DEFAULT = -1, -3, 128 * 1024
 

@@ -170,18 +170,23 @@ def penalty_gradient_gap(norm_class: type[torch.nn.Module], seed: int = 0) -> tu
 
 
 def sixteen_bit_errors(fn: Callable[..., torch.Tensor], dtype: torch.dtype, rows: int = 64, H: int = 256,
-                       seed: int = 0) -> list[float]:
+                       seed: int = 0, param_dtype: torch.dtype | None = None) -> list[float]:
     """The largest error of ``fn(x, H, weight, bias)`` and of its gradients with respect to x,
     weight and bias, in ``dtype`` (float16 or bfloat16), against torch's LayerNorm in float64 on
     the same rounded inputs ``x`` ``(rows, H)``: each relative to the result's largest entry, in
-    units of ``dtype``'s rounding unit u. Returns ``[y, dx, dweight, dbias]``."""
+    units of ``dtype``'s rounding unit u. ``param_dtype``: the weight and bias's type (default
+    ``dtype``; ``torch.float32`` is autocast's case of 16-bit activations with float32
+    parameters, whose gradients come back in float32). Returns ``[y, dx, dweight, dbias]``."""
     if dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"dtype must be torch.float16 or torch.bfloat16, got {dtype!r}")
+    param_dtype = dtype if param_dtype is None else param_dtype
+    if param_dtype not in (dtype, torch.float32):
+        raise ValueError(f"param_dtype must be dtype ({dtype}) or torch.float32, got {param_dtype!r}")
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     g = torch.Generator().manual_seed(seed)
     x, dy = (torch.randn(rows, H, generator=g) * 2 + 1).to(dtype), torch.randn(rows, H, generator=g).to(dtype)
-    w, b = (1 + 0.5 * torch.randn(H, generator=g)).to(dtype), (0.5 * torch.randn(H, generator=g)).to(dtype)
+    w, b = (1 + 0.5 * torch.randn(H, generator=g)).to(param_dtype), (0.5 * torch.randn(H, generator=g)).to(param_dtype)
 
     def outputs(x, w, b, dy, f):
         x, w, b = (t.detach().requires_grad_() for t in (x, w, b))
@@ -191,7 +196,8 @@ def sixteen_bit_errors(fn: Callable[..., torch.Tensor], dtype: torch.dtype, rows
     torch_ln = lambda x, n, w, b: torch.nn.functional.layer_norm(x, (n,), w, b)  # noqa: E731
     truth = outputs(*(t.double() for t in (x, w, b, dy)), torch_ln)
     got = outputs(x, w, b, dy, fn)
-    if not all(t.dtype == dtype for t in got):
-        raise AssertionError(f"fn returned {[t.dtype for t in got]}, not the input's type {dtype}")
+    expected = [dtype, dtype, param_dtype, param_dtype]
+    if [t.dtype for t in got] != expected:
+        raise AssertionError(f"fn returned {[t.dtype for t in got]}, expected {expected}")
     u = torch.finfo(dtype).eps / 2
     return [((t.double() - r).abs().max() / r.abs().max()).item() / u for t, r in zip(got, truth)]
