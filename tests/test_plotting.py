@@ -216,3 +216,19 @@ def test_draws_on_log_axes_draws_every_draw_and_the_geometric_mean():
         plotting.draws_on_log_axes([1.0], arms, "d", "r", "t")
     with pytest.raises(ValueError, match="arms must name"):
         plotting.draws_on_log_axes(x, {}, "d", "r", "t")
+
+
+def test_times_against_bounds_draws_a_dot_bar_and_dash_per_case_and_version():
+    import matplotlib.pyplot as plt
+
+    q = {"a": [[1e-3, 2e-3, 3e-3], [2e-3, 4e-3, 5e-3]], "b": [[1e-4, 2e-4, 3e-4], [1e-4, 1e-4, 2e-4]]}
+    fig = plotting.times_against_bounds(["s1", "s2"], q, {"a": [1e-3, 1e-3], "b": [5e-5, 5e-5]}, "t")
+    ax = fig.axes[0]
+    dashes = [line for line in ax.lines if line.get_label().endswith(": bound")]
+    assert len(dashes) == 2 and np.allclose(dashes[0].get_ydata(), [1.0, 1.0])  # milliseconds
+    assert ax.get_yscale() == "log" and [t.get_text() for t in ax.get_xticklabels()] == ["s1", "s2"]
+    plt.close(fig)
+    with pytest.raises(ValueError, match="bounds"):
+        plotting.times_against_bounds(["s1", "s2"], q, {"a": [1e-3, 1e-3]}, "t")
+    with pytest.raises(ValueError, match="increasing"):
+        plotting.times_against_bounds(["s1"], {"a": [[3e-3, 2e-3, 1e-3]]}, {"a": [1e-3]}, "t")

@@ -439,3 +439,40 @@ def draws_on_log_axes(
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def times_against_bounds(
+    labels: list[str],
+    quartiles: dict[str, ArrayLike],
+    bounds: dict[str, ArrayLike],
+    title: str,
+    colours: tuple[str, ...] = ("C0", "C1", "C2", "C3", "C4"),
+) -> Figure:
+    """Measured times against a lower bound, one column per case on a log axis: for each
+    version a dot at the median with bars to the quartiles, and a dash at its bound.
+
+    ``quartiles`` maps a version to seconds ``(len(labels), 3)`` (first quartile, median, third
+    quartile); ``bounds`` maps the same versions to seconds ``(len(labels),)``; both are drawn
+    in milliseconds, the versions side by side within each case.
+    """
+    if not labels or not quartiles or set(bounds) != set(quartiles) or len(quartiles) > len(colours):
+        raise ValueError(f"labels and quartiles must be non-empty, bounds must have the keys of quartiles "
+                         f"{sorted(quartiles)}, and at most {len(colours)} versions; got bounds {sorted(bounds)}")
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    width = 0.6 / len(quartiles)
+    for j, ((name, q), colour) in enumerate(zip(quartiles.items(), colours)):
+        q, b = np.asarray(q, dtype=float) * 1e3, np.asarray(bounds[name], dtype=float) * 1e3
+        if q.shape != (len(labels), 3) or b.shape != (len(labels),) or np.any(q <= 0) or np.any(b <= 0):
+            raise ValueError(f"{name!r}: quartiles must be positive ({len(labels)}, 3) and bounds positive "
+                             f"({len(labels)},), got {q.shape} and {b.shape}")
+        if np.any(np.diff(q, axis=1) < 0):
+            raise ValueError(f"{name!r}: each row of quartiles must be (q1, median, q3) in increasing order")
+        x = np.arange(len(labels)) + (j - (len(quartiles) - 1) / 2) * width
+        ax.errorbar(x, q[:, 1], yerr=[q[:, 1] - q[:, 0], q[:, 2] - q[:, 1]], fmt="o", color=colour, capsize=3,
+                    label=f"{name}: median and quartiles")
+        ax.plot(x, b, "_", color=colour, ms=14, mew=2, label=f"{name}: bound")
+    ax.set(xticks=range(len(labels)), xticklabels=labels, yscale="log", ylabel="ms", title=title,
+           xlim=(-0.6, len(labels) - 0.4))
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
