@@ -295,3 +295,14 @@ def test_compare_items_bad_input():
         compare_items({"a": np.ones((5, 10)), "b": np.ones(5)})
     with pytest.raises(ValueError, match="share"):
         compare_items({"a": np.ones((5, 10)), "b": np.ones((5, 11))})
+
+
+def test_rms_ratio_gives_the_ratio_and_a_bootstrap_interval_around_it():
+    from lnbook.compare import rms_ratio
+
+    e, t = np.array([1.0, 4.0, 9.0, 16.0]), np.array([4.0, 4.0, 4.0, 4.0])
+    ratio, low, high = rms_ratio(e, t, np.random.default_rng(0), draws=500)
+    assert ratio == pytest.approx(np.sqrt(7.5 / 4)) and low < ratio < high
+    assert rms_ratio(t, t, np.random.default_rng(0), draws=50) == (1.0, 1.0, 1.0)
+    with pytest.raises(ValueError, match="true_sq"):
+        rms_ratio(e, np.zeros(4), np.random.default_rng(0))

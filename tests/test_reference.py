@@ -231,3 +231,12 @@ def test_variance_error_measures_the_algorithm_and_skips_coarse_storage():
     assert reference.storage_step(1000, "float16") == 0.5
     with pytest.raises(ValueError, match="rows"):
         reference.variance_error(rows[0], 0, "two_pass", "float64")
+
+
+def test_max_relative_error_scales_by_the_reference_largest_entry():
+    assert reference.max_relative_error([1.0, 2.1], [1.0, 2.0]) == pytest.approx(0.05)
+    assert reference.max_relative_error([0.0, -4.0], [0.0, -4.0]) == 0.0
+    with pytest.raises(ValueError, match="same"):
+        reference.max_relative_error([1.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match="all zeros"):
+        reference.max_relative_error([1.0], [0.0])

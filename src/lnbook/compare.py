@@ -397,6 +397,21 @@ def select(
     return Selection(setting, best_val, chosen)
 
 
+def rms_ratio(err_sq: Sequence[float], true_sq: Sequence[float], rng: np.random.Generator,
+              draws: int = 2000) -> tuple[float, float, float]:
+    """``sqrt(mean(err_sq) / mean(true_sq))``, the ratio of an error's RMS to the true value's
+    over paired draws ``(n,)``, and its 95% percentile bootstrap interval (the draws resampled
+    with replacement, numerator and denominator together). Returns ``(ratio, low, high)``."""
+    e, t = np.asarray(err_sq, dtype=float), np.asarray(true_sq, dtype=float)
+    if e.ndim != 1 or e.shape != t.shape or len(e) < 2 or np.any(e < 0) or np.any(t <= 0):
+        raise ValueError(f"err_sq and true_sq must be 1-D, of one length >= 2, err_sq >= 0 and true_sq > 0; "
+                         f"got {describe(err_sq)} and {describe(true_sq)}")
+    check_positive_int(draws, "draws")
+    i = rng.integers(0, len(e), size=(draws, len(e)))
+    low, high = np.quantile(np.sqrt(e[i].mean(1) / t[i].mean(1)), [ALPHA / 2, 1 - ALPHA / 2])
+    return float(np.sqrt(e.mean() / t.mean())), float(low), float(high)
+
+
 @functools.lru_cache(maxsize=4)
 def _resamples(seeds: int, items: int, draws: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """The bootstrap's draws, ``(draws, seeds)`` and ``(draws, items)``: how often each seed and

@@ -217,6 +217,18 @@ def dyt_forward(x: ArrayLike, alpha: float, gamma: ArrayLike, beta: ArrayLike) -
     return gamma * np.tanh(float(alpha) * x) + beta
 
 
+def max_relative_error(a: ArrayLike, b: ArrayLike) -> float:
+    """The largest absolute difference of ``a`` from the reference ``b``, over ``b``'s largest
+    magnitude (same shapes): one number per comparison, insensitive to entries near zero."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.shape != b.shape or b.size == 0:
+        raise ValueError(f"a and b must have the same non-empty shape, got {a.shape} and {b.shape}")
+    scale = np.abs(b).max()
+    if scale == 0:
+        raise ValueError("b (the reference) is all zeros: a relative error is undefined")
+    return float(np.abs(a - b).max() / scale)
+
+
 def finite_difference_grad(f, x: np.ndarray, h: float = 1e-6) -> np.ndarray:
     """Central differences ``(f(x + h e_i) - f(x - h e_i)) / 2h`` of a scalar function f.
 
