@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from lnbook.rnn import GRUCell, LSTMCell, SequenceClassifier, population_statistics
+from lnbook import seeds, train
+from lnbook.rnn import CharLSTM, GRUCell, LSTMCell, SequenceClassifier, lm_loss_population, population_statistics
 
 
 def copy_from(cell, torch_rnn):
@@ -131,3 +132,119 @@ def test_population_statistics_at_steps_with_fewer_than_two_sequences():
         population_statistics(SequenceClassifier(LSTMCell(3, 5, "layer"), 2), (x, y))
     with pytest.raises(ValueError, match="batch_size must be at least 2"):
         population_statistics(model, (x, lengths, y), batch_size=1)
+
+
+# CharLSTM: the character-level language model of chapter 05's language-modelling experiment
+
+VOCAB = 11
+
+
+def char_lstm(norm, seed=0, steps=8):
+    torch.manual_seed(seed)
+    return CharLSTM(VOCAB, 6, norm, embed_size=4, max_steps=steps)
+
+
+@pytest.mark.parametrize("norm", ["none", "layer", "batch"])
+def test_char_lstm_shapes_and_loss_is_the_cross_entropy(norm):
+    model = char_lstm(norm)
+    idx, targets = torch.randint(0, VOCAB, (3, 8)), torch.randint(0, VOCAB, (3, 8))
+    logits = model(idx)
+    assert logits.shape == (3, 8, VOCAB)
+    by_hand = -logits.log_softmax(-1).gather(-1, targets[..., None]).mean()
+    torch.testing.assert_close(model.loss(idx, targets), by_hand)
+
+
+def test_char_lstm_logits_at_a_step_do_not_depend_on_later_tokens():
+    model = char_lstm("layer")
+    idx = torch.randint(0, VOCAB, (2, 8))
+    changed = idx.clone()
+    changed[:, 5:] = (changed[:, 5:] + 1) % VOCAB
+    a, b = model(idx), model(changed)
+    torch.testing.assert_close(a[:, :5], b[:, :5])
+    assert not torch.allclose(a[:, 5:], b[:, 5:])
+
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("norm", ["none", "layer", "batch"])
+def test_char_lstm_stacked_members_compute_what_the_plain_models_do(norm, training):
+    plain = [char_lstm(norm, seed) for seed in (1, 2)]
+    stacked = seeds.stack(plain).train(training)
+    for m in plain:
+        m.train(training)
+    idx, targets = torch.randint(0, VOCAB, (2, 4, 8)), torch.randint(0, VOCAB, (2, 4, 8))
+    logits, losses = stacked(idx), stacked.loss(idx, targets)
+    assert logits.shape == (2, 4, 8, VOCAB) and losses.shape == (2,)
+    for s, m in enumerate(plain):
+        torch.testing.assert_close(logits[s], m(idx[s]), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(losses[s], m.loss(idx[s], targets[s]), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("norm", ["none", "batch"])
+def test_char_lstm_trains_stacked_as_alone(norm):
+    ids = torch.randint(0, VOCAB, (400,), generator=torch.Generator().manual_seed(5))
+    options = dict(steps=4, batch_size=4, block_size=8, eval_every=2)
+    alone = [train.fit_lm(char_lstm(norm, seed), ids[:300], ids[300:], lr=lr, seed=seed, **options)
+             for seed, lr in ((1, 1e-2), (2, 3e-2))]
+    stacked = seeds.fit_lm(seeds.stack([char_lstm(norm, 1), char_lstm(norm, 2)]), ids[:300], ids[300:],
+                           lr=[1e-2, 3e-2], seeds=[1, 2], **options)
+    for a, s in zip(alone, stacked):
+        assert len(a.step_loss) == 4 and a.val_steps == s.val_steps == [2, 4]
+        torch.testing.assert_close(torch.tensor(s.step_loss), torch.tensor(a.step_loss), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(torch.tensor(s.val_loss), torch.tensor(a.val_loss), atol=1e-4, rtol=1e-4)
+    assert alone[0].step_loss != alone[1].step_loss
+
+
+def test_population_statistics_on_a_char_lstm_and_the_population_score():
+    ids = torch.randint(0, VOCAB, (600,), generator=torch.Generator().manual_seed(6))
+    model = char_lstm("batch")
+    train.fit_lm(model, ids[:500], ids[500:], steps=5, lr=3e-2, batch_size=8, block_size=8, seed=0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    running = train.lm_loss(model, ids[500:], 8)
+    population = lm_loss_population(model, ids[:500], ids[500:], 8, n_windows=40, batch_size=16)
+    assert abs(population - running) > 1e-4  # the statistics the two scores use differ
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items()) and model.training
+    # the same score by hand: population statistics over the windows it documents, then lm_loss
+    starts = torch.randint(500 - 8, (40,), generator=torch.Generator().manual_seed(0))
+    counts = population_statistics(model, train.windows(ids[:500], starts, 8), batch_size=16)
+    assert counts.tolist() == [40] * 8
+    assert not torch.equal(model.cell.norm_ih.running_mean, before["cell.norm_ih.running_mean"])
+    assert population == pytest.approx(train.lm_loss(model, ids[500:], 8), abs=1e-6)
+
+
+def test_char_lstm_eval_runs_past_max_steps_but_training_does_not():
+    model = char_lstm("batch", steps=4)
+    idx = torch.randint(0, VOCAB, (3, 6))
+    assert model.eval()(idx).shape == (3, 6, VOCAB)
+    with pytest.raises(ValueError, match="idx has 6 steps, beyond max_steps = 4"):
+        model.train()(idx)
+
+
+def test_char_lstm_bad_arguments():
+    model = char_lstm("none")
+    idx = torch.randint(0, VOCAB, (2, 5))
+    with pytest.raises(ValueError, match=r"idx must be a non-empty int64 tensor of shape \(B, T\)"):
+        model(idx.float())
+    with pytest.raises(ValueError, match=r"idx must be a non-empty int64 tensor of shape \(B, T\)"):
+        model(idx[0])
+    with pytest.raises(ValueError, match=r"idx must hold token ids in 0..10, got 0..11"):
+        model(torch.tensor([[0, 11]]))
+    with pytest.raises(ValueError, match="targets must have idx's shape"):
+        model.loss(idx, idx[:, :4])
+    with pytest.raises(ValueError, match="targets must hold token ids"):
+        model.loss(idx, idx - 1)
+    with pytest.raises(ValueError, match="needs max_steps"):
+        CharLSTM(VOCAB, 6, "batch")
+    with pytest.raises(ValueError, match="embed_size must be a positive int"):
+        CharLSTM(VOCAB, 6, embed_size=0)
+    stacked = seeds.stack([char_lstm("batch"), char_lstm("batch", 1)])
+    with pytest.raises(ValueError, match=r"shape \(S, B, T\) with S = 2 seeds"):
+        stacked(torch.randint(0, VOCAB, (3, 2, 5)))
+    ids = torch.randint(0, VOCAB, (100,))
+    with pytest.raises(ValueError, match="model must be a plain model"):
+        lm_loss_population(stacked, ids, ids, 8)
+    with pytest.raises(ValueError, match="n_windows must be an int >= 2"):
+        lm_loss_population(char_lstm("batch"), ids, ids, 8, n_windows=1)
+    with pytest.raises(TypeError, match="val_ids must be a 1-D int64 tensor"):
+        lm_loss_population(char_lstm("batch"), ids, ids.float(), 8)
+    with pytest.raises(ValueError, match="no TimeStepBatchNorm"):
+        lm_loss_population(model, ids, ids, 8)

@@ -22,14 +22,26 @@ statistics shared by all steps or kept per step, a fallback where a step has one
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
-from ._checks import check_bool, check_choice, check_eps, check_int, check_number, check_positive_int, describe
+from ._checks import (
+    check_bool,
+    check_choice,
+    check_eps,
+    check_int,
+    check_number,
+    check_positive_int,
+    check_streams,
+    describe,
+)
 from .norms import EXAMPLE_NORMS, TimeStepBatchNorm, apply_norm, check_norm, norm_layer
 from .pickling import PicklesWithParametrizations
+from .train import lm_loss, windows
 
 NORMS = ("none", "batch", "weight", *EXAMPLE_NORMS)
 
@@ -482,3 +494,81 @@ class ElmanClassifier(nn.Module):
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
         return self.head(self.states(x, lengths)[0])
+
+
+class CharLSTM(nn.Module):
+    """A character-level language model: an embedding, an :class:`LSTMCell` run over the
+    steps, and a linear head to next-token logits (the regime of Ba et al.'s and Cooijmans et
+    al.'s language-modelling claims).
+
+    ``forward(idx (B, T) int64) -> logits (B, T, vocab_size)``, the state starting at zero for
+    every window; ``norm`` is the cell's (``"none"``, ``"layer"``, ``"batch"``, ...). A
+    BatchNorm cell keeps statistics per step and needs ``max_steps``, the longest training
+    window (longer windows reuse the last step's statistics in eval mode). A model of ``S``
+    seeds (:func:`lnbook.seeds.stack`) takes ``(S, B, T)`` and returns ``(S, B, T, vocab_size)``;
+    it trains with :func:`lnbook.seeds.fit_lm`, a plain one with :func:`lnbook.train.fit_lm`.
+    """
+
+    def __init__(self, vocab_size: int, hidden_size: int, norm: str = "none", *, embed_size: int = 32,
+                 max_steps: int | None = None) -> None:
+        super().__init__()
+        self.vocab_size, self.max_steps = check_positive_int(vocab_size, "vocab_size"), max_steps
+        self.embed = nn.Embedding(vocab_size, check_positive_int(embed_size, "embed_size"))
+        self.cell = LSTMCell(embed_size, hidden_size, norm, max_steps=max_steps)
+        self.head = nn.Linear(self.cell.hidden_size, vocab_size)
+
+    def _check_ids(self, ids: object, name: str) -> None:
+        stacked = getattr(self, "members", None)
+        shape = "(B, T)" if stacked is None else f"(S, B, T) with S = {stacked} seeds"
+        if (not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64 or ids.ndim != len(shape.split(","))
+                or ids.numel() == 0 or (stacked is not None and ids.shape[0] != stacked)):
+            raise ValueError(f"{name} must be a non-empty int64 tensor of shape {shape}, got {describe(ids)}")
+        if int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
+            raise ValueError(f"{name} must hold token ids in 0..{self.vocab_size - 1}, "
+                             f"got {int(ids.min())}..{int(ids.max())}")
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        self._check_ids(idx, "idx")
+        steps = idx.shape[-1]
+        if self.training and self.cell.norm == "batch" and steps > self.max_steps:
+            raise ValueError(f"idx has {steps} steps, beyond max_steps = {self.max_steps}: "
+                             "BatchNorm trains with statistics per step")
+        h = idx.new_zeros(*idx.shape[:-1], self.cell.hidden_size, dtype=self.head.weight.dtype)
+        state, outputs = (h, h), []
+        for t, x in enumerate(self.embed(idx).unbind(-2)):  # x (*, B, embed_size)
+            state = self.cell(x, state, t)
+            outputs.append(state[0])
+        return self.head(torch.stack(outputs, dim=-2))
+
+    def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy (nats) over every position; ``targets`` has ``idx``'s
+        shape. A model of ``S`` seeds returns each member's, ``(S,)``."""
+        self._check_ids(targets, "targets")
+        if targets.shape != idx.shape:
+            raise ValueError(f"targets must have idx's shape {tuple(idx.shape)}, got {tuple(targets.shape)}")
+        each = F.cross_entropy(self(idx).flatten(0, -2), targets.flatten(), reduction="none")
+        return each.mean() if targets.ndim == 2 else each.view(len(targets), -1).mean(1)
+
+
+def lm_loss_population(model: nn.Module, train_ids: torch.Tensor, val_ids: torch.Tensor, block_size: int, *,
+                       n_windows: int = 512, batch_size: int = 64, seed: int = 0, batches: int = 4) -> float:
+    """Validation loss (mean next-token cross-entropy, nats) of a plain BatchNorm language model
+    (a :class:`CharLSTM` with ``norm="batch"``) scored with Cooijmans et al.'s population
+    statistics instead of its moving averages.
+
+    On a deep copy of ``model`` (which is left unchanged): :func:`population_statistics` over
+    ``n_windows`` windows of ``block_size`` tokens of ``train_ids``, their starts drawn from a
+    generator seeded with ``seed`` (the same windows for every model), in batches of
+    ``batch_size``; then :func:`lnbook.train.lm_loss` on ``val_ids`` (its ``batches`` fixed
+    batches of 32 windows), the very windows ``lm_loss(model, val_ids, block_size, batches)``
+    scores the moving averages on, so the two scores pair.
+    """
+    if getattr(model, "members", None) is not None:
+        raise ValueError("model must be a plain model; unstack a model of many seeds first (lnbook.seeds.unstack)")
+    check_streams(train_ids, val_ids, block_size)
+    check_int(n_windows, "n_windows", 2, "an int >= 2 (batch statistics need two windows)")
+    check_positive_int(batches, "batches")
+    starts = torch.randint(len(train_ids) - block_size, (n_windows,), generator=torch.Generator().manual_seed(seed))
+    scored = copy.deepcopy(model)
+    population_statistics(scored, windows(train_ids, starts, block_size), batch_size=batch_size)
+    return float(lm_loss(scored, val_ids, block_size, batches=batches))
