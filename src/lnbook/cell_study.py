@@ -1,0 +1,164 @@
+"""Chapter 05's helpers: gated cells trained over a learning-rate grid, BatchNorm scored with
+its moving averages and with population statistics, and the probes the chapter measures with.
+
+Cooijmans et al. (2017) score the BN-LSTM with population statistics, estimated over the
+training set after training (:func:`lnbook.rnn.population_statistics`); a model's moving
+averages are a different estimate, and early in training a poor one. :func:`bn_accuracy`
+scores a model both ways, so that a chapter never confuses the estimate with the norm.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import rnn, train
+from ._checks import check_number, check_positive_int, describe
+from .data import Dataset
+from .norms import TimeStepBatchNorm, apply_norm
+
+ESTIMATES = ("running", "population")
+
+
+def grid(lrs: Sequence[float], seeds: Sequence[int]) -> tuple[list[int], list[float]]:
+    """The members of a learning-rate grid trained as one stack: ``(seeds, lrs)``, one entry
+    per member, every seed at every rate (rate-major), for :func:`lnbook.seeds.start_runs`."""
+    lrs, seeds = list(lrs), list(seeds)
+    if not lrs or len(set(lrs)) != len(lrs) or any(not isinstance(lr, (int, float)) or lr <= 0 for lr in lrs):
+        raise ValueError(f"lrs must be distinct positive learning rates, at least one, got {describe(lrs)}")
+    if not seeds:
+        raise ValueError("seeds must hold at least one seed")
+    return seeds * len(lrs), [lr for lr in lrs for _ in seeds]
+
+
+def by_rate(runs: Sequence, lrs: Sequence[float]) -> dict[float, list]:
+    """Split a grid's results (in :func:`grid`'s order) into ``{lr: [one result per seed]}``."""
+    lrs = list(lrs)
+    if not lrs or len(runs) % len(lrs):
+        raise ValueError(f"got {len(runs)} results, not a multiple of the {len(lrs)} rates")
+    n = len(runs) // len(lrs)
+    return {lr: list(runs[i * n : (i + 1) * n]) for i, lr in enumerate(lrs)}
+
+
+def with_population_statistics(model: nn.Module, data: Dataset, batch_size: int = 64) -> nn.Module:
+    """A copy of ``model`` whose per-step BatchNorm statistics are re-estimated over ``data``
+    (:func:`lnbook.rnn.population_statistics`); ``model`` itself is left as it was."""
+    model = copy.deepcopy(model)
+    rnn.population_statistics(model, data, batch_size)
+    return model
+
+
+def bn_accuracy(model: nn.Module, train_set: Dataset, test: Dataset, batch_size: int = 64) -> dict[str, float]:
+    """A BN model's test accuracy with its moving averages (``"running"``) and with population
+    statistics estimated over ``train_set`` in batches of ``batch_size`` (``"population"``)."""
+    return {"running": train.accuracy(model, test),
+            "population": train.accuracy(with_population_statistics(model, train_set, batch_size), test)}
+
+
+def accuracies(runs: Sequence, test: Dataset, train_set: Dataset | None = None, estimate: str = "running") -> np.ndarray:
+    """Test accuracy of every trained model of ``runs = [(model, history)]``, ``(seeds,)``:
+    as it is (``estimate="running"``; BatchNorm uses its moving averages), or with population
+    statistics estimated over ``train_set`` (``"population"``; a model without per-step
+    statistics is scored as it is)."""
+    if estimate not in ESTIMATES:
+        raise ValueError(f"estimate must be one of {ESTIMATES}, got {describe(estimate)}")
+    if estimate == "population" and train_set is None:
+        raise ValueError("estimate='population' needs train_set, the data to estimate the statistics over")
+    models = [with_population_statistics(m, train_set) if estimate == "population" and has_steps(m) else m
+              for m, _ in runs]
+    return np.array([train.accuracy(m, test) for m in models])
+
+
+def has_steps(model: nn.Module) -> bool:
+    """Whether ``model`` keeps per-step BatchNorm statistics (a :class:`~lnbook.norms.TimeStepBatchNorm`)."""
+    return any(isinstance(m, TimeStepBatchNorm) for m in model.modules())
+
+
+def with_steps(model: nn.Module, max_steps: int) -> nn.Module:
+    """A copy of ``model`` whose :class:`~lnbook.norms.TimeStepBatchNorm` layers keep
+    statistics for ``max_steps`` steps; a new step starts with the last trained step's
+    statistics (what inference reuses anyway), so the copy answers as the model does until
+    :func:`lnbook.rnn.population_statistics` estimates the new steps."""
+    check_positive_int(max_steps, "max_steps")
+    model = copy.deepcopy(model)
+    if not has_steps(model):
+        raise ValueError("model has no TimeStepBatchNorm: it keeps no per-step statistics")
+    for m in [m for m in model.modules() if isinstance(m, TimeStepBatchNorm)]:
+        if max_steps < m.max_steps:
+            raise ValueError(f"max_steps must be at least the model's {m.max_steps}, got {max_steps}")
+        last = torch.arange(max_steps).clamp(max=m.max_steps - 1)
+        m.running_mean, m.running_var = m.running_mean[last].clone(), m.running_var[last].clone()
+        m.max_steps = max_steps
+    return model
+
+
+def batch_accuracy(model: nn.Module, test: Dataset, batch_size: int) -> float:
+    """Test accuracy of a BN model that normalizes with the statistics of each test batch of
+    ``batch_size`` sequences, as in training (on a copy: its statistics do not change)."""
+    check_positive_int(batch_size, "batch_size")
+    model = copy.deepcopy(model).train()
+    device = next(model.parameters()).device
+    x, y = test[0].to(device), test[-1].to(device)
+    with torch.no_grad():
+        logits = torch.cat([model(x[i : i + batch_size]) for i in range(0, len(x), batch_size)])
+    return (logits.argmax(-1) == y).double().mean().item()
+
+
+def term_sizes(model: rnn.SequenceClassifier, x: torch.Tensor) -> tuple[float, float]:
+    """Root-mean-square of an LSTM's input term and recurrent term as the gates receive them
+    (after their norm, if any), over steps 2..T of a batch ``x (B, T, F)``; ``h`` is 0 at
+    step 1. A BatchNorm model must be in eval mode (training mode would update its statistics)."""
+    cell = model.cell
+    if not isinstance(cell, rnn.LSTMCell):
+        raise TypeError(f"model.cell must be an lnbook.rnn.LSTMCell, got {type(cell).__name__}")
+    h = c = x.new_zeros(len(x), cell.hidden_size)
+    sizes = []
+    with torch.no_grad():
+        for t in range(x.shape[1]):
+            if t > 0:
+                a = apply_norm(cell.norm_ih, x[:, t] @ cell.weight_ih.T, None, t)
+                r = apply_norm(cell.norm_hh, h @ cell.weight_hh.T, None, t)
+                sizes.append([a.pow(2).mean().sqrt().item(), r.pow(2).mean().sqrt().item()])
+            h, c = cell(x[:, t], (h, c), t)
+    a, r = np.mean(sizes, axis=0)
+    return float(a), float(r)
+
+
+def dynamics(model: rnn.SequenceClassifier, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
+    """On a batch ``x (B, T, F)``, ``y (B,)`` in training mode (on a copy: no statistics
+    change): the RMS of ``h_t`` and the mean over the sequences of ``|dl/dh_t|``, each
+    sequence's own loss ``l``, for every step: ``(2, T)``."""
+    model = copy.deepcopy(model).train()
+    states = []
+
+    def keep(module: nn.Module, inputs: tuple, output: tuple) -> None:
+        output[0].retain_grad()
+        states.append(output[0])
+
+    hook = model.cell.register_forward_hook(keep)
+    try:
+        F.cross_entropy(model(x), y, reduction="sum").backward()
+    finally:
+        hook.remove()
+    return np.array([[h.pow(2).mean().sqrt().item() for h in states], [h.grad.norm(dim=1).mean().item() for h in states]])
+
+
+def set_gain(model: nn.Module, placement: str, gain: float) -> nn.Module:
+    """Set the gain of an LSTM's norm on ``placement`` (``"input"``, ``"recurrent"`` or
+    ``"cell"``) to ``gain`` in place, e.g. to start a term at the size of the other; returns
+    ``model``."""
+    layers = {"input": "norm_ih", "recurrent": "norm_hh", "cell": "norm_c"}
+    if placement not in layers:
+        raise ValueError(f"placement must be one of {tuple(layers)}, got {describe(placement)}")
+    check_number(gain, "gain", "a positive number", lambda g: g > 0)
+    norm = getattr(model.cell, layers[placement])
+    if getattr(norm, "weight", None) is None:
+        raise ValueError(f"the {placement} term has no norm with a gain in this model")
+    with torch.no_grad():
+        norm.weight.fill_(gain)
+    return model
