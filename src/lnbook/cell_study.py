@@ -162,3 +162,99 @@ def set_gain(model: nn.Module, placement: str, gain: float) -> nn.Module:
     with torch.no_grad():
         norm.weight.fill_(gain)
     return model
+
+
+# The stored character-level run (benchmarks/char_lm.py), read here so that chapter 05 need not train it.
+import csv  # noqa: E402  (appended with the reader below, which alone needs them)
+import math  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from importlib import resources  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+CHAR_LM_ARMS = ("LSTM", "LN-LSTM", "BN-LSTM")
+_CURVE_COLUMNS = ["arm", "lr", "seed", "step", "val_loss"]
+_FINAL_COLUMNS = ["arm", "lr", "seed", "val_loss", "test_loss", "val_loss_population", "test_loss_population"]
+
+
+@dataclass(frozen=True)
+class StoredCharLM:
+    """The character-level LSTM / LN-LSTM / BN-LSTM run of ``benchmarks/char_lm.py``, per
+    ``(arm, lr)`` (arms :data:`CHAR_LM_ARMS`), seeds in ascending order (``seeds``): ``val`` and
+    ``test``, the loss (nats per character) after the last step on the validation and test
+    windows ``(S,)`` (BatchNorm with its moving averages); ``val_population`` and
+    ``test_population``, the BN-LSTM's on the same windows with population statistics ``(S,)``
+    (BN-LSTM keys only); ``curves``, the validation loss at every step of ``steps`` ``(S, E)``.
+    A diverged member's losses are ``nan``. ``provenance``: machine, commit, date, command, setting."""
+
+    provenance: list[str]
+    seeds: list[int]
+    lrs: list[float]
+    steps: list[int]
+    val: dict[tuple[str, float], np.ndarray]
+    test: dict[tuple[str, float], np.ndarray]
+    val_population: dict[tuple[str, float], np.ndarray]
+    test_population: dict[tuple[str, float], np.ndarray]
+    curves: dict[tuple[str, float], np.ndarray]
+
+
+def _char_lm_rows(folder, name: str, columns: list[str]) -> tuple[list[str], list[dict[str, str]]]:
+    """One file of the stored run: (its provenance lines, its rows), checked for its columns."""
+    file = folder / name
+    if not file.is_file():
+        raise FileNotFoundError(f"{file} is missing: benchmarks/char_lm.py writes it (with --out for another folder)")
+    lines = file.read_text().splitlines()
+    head = [line[2:] for line in lines if line.startswith("# ")]
+    body = [line for line in lines if line and not line.startswith("#")]
+    if not head or not body or body[0].split(",") != columns:
+        raise ValueError(f"{file} is malformed: expected '# ' provenance lines, then the columns {','.join(columns)}, "
+                         f"got {body[0] if body else 'no table'!r}")
+    rows = list(csv.DictReader(body))
+    if len(rows) < 1 or any(None in r or None in r.values() for r in rows):
+        raise ValueError(f"{file} is malformed: every row must hold the {len(columns)} columns {','.join(columns)}")
+    return head, rows
+
+
+def stored_char_lm(path: str | Path | None = None) -> StoredCharLM:
+    """The stored run of ``benchmarks/char_lm.py`` (``char_lm-curves.csv`` and
+    ``char_lm-final.csv``) from the folder ``path``, by default ``lnbook/results/`` as installed
+    with the package (so it reads from any working directory, Colab included). Raises
+    FileNotFoundError for a missing file and ValueError for a malformed or inconsistent one."""
+    folder = resources.files("lnbook") / "results" if path is None else Path(path)
+    provenance, curve_rows = _char_lm_rows(folder, "char_lm-curves.csv", _CURVE_COLUMNS)
+    _, final_rows = _char_lm_rows(folder, "char_lm-final.csv", _FINAL_COLUMNS)
+    try:
+        final = {(r["arm"], float(r["lr"]), int(r["seed"])): r for r in final_rows}
+        curve = {(r["arm"], float(r["lr"]), int(r["seed"]), int(r["step"])): float(r["val_loss"]) for r in curve_rows}
+    except ValueError as error:
+        raise ValueError(f"the stored char_lm run holds a value that is not a number: {error}") from None
+    present = {k[0] for k in final}
+    if not present <= set(CHAR_LM_ARMS):
+        raise ValueError(f"the stored char_lm run's arms must be among {CHAR_LM_ARMS}, got {sorted(present)}")
+    arms = [a for a in CHAR_LM_ARMS if a in present]
+    lrs, seeds = sorted({k[1] for k in final}), sorted({k[2] for k in final})
+    steps = sorted({k[3] for k in curve})
+    if len(final) != len(final_rows) or len(final) != len(arms) * len(lrs) * len(seeds):
+        raise ValueError("char_lm-final.csv must hold one row per arm, rate and seed, every seed at every rate")
+    if {k[:3] for k in curve} != set(final):
+        raise ValueError("char_lm-curves.csv and char_lm-final.csv disagree on their arms, rates or seeds")
+
+    def loss(text: str) -> float:
+        value = float(text)
+        if not (math.isnan(value) or 0 <= value < math.inf):
+            raise ValueError(f"the stored char_lm run holds a loss of {text}, expected one >= 0 (or nan: diverged)")
+        return value
+
+    def per_seed(arm: str, lr: float, column: str) -> np.ndarray:
+        try:
+            return np.array([loss(final[arm, lr, s][column]) for s in seeds])
+        except ValueError as error:
+            raise ValueError(f"char_lm-final.csv, {arm} at lr {lr}, column {column}: {error}") from None
+
+    keys = [(a, lr) for a in arms for lr in lrs]
+    bn = [k for k in keys if k[0] == "BN-LSTM"]
+    return StoredCharLM(
+        provenance=provenance, seeds=seeds, lrs=lrs, steps=steps,
+        val={k: per_seed(*k, "val_loss") for k in keys}, test={k: per_seed(*k, "test_loss") for k in keys},
+        val_population={k: per_seed(*k, "val_loss_population") for k in bn},
+        test_population={k: per_seed(*k, "test_loss_population") for k in bn},
+        curves={k: np.array([[curve.get((*k, s, t), math.nan) for t in steps] for s in seeds]) for k in keys})
