@@ -60,19 +60,11 @@ def test_population_statistics_leave_the_model_alone_and_change_the_score():
     estimated = cell_study.with_population_statistics(model, data)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert not torch.equal(estimated.cell.norm_ih.running_var, model.cell.norm_ih.running_var)
-    scores = cell_study.bn_accuracy(model, data, data)
-    assert set(scores) == {"running", "population"}
-    assert scores["population"] == train.accuracy(estimated, data)
+    assert train.accuracy(estimated, data) != train.accuracy(model, data)
 
 
-def test_accuracies_score_a_model_without_batch_statistics_as_it_is():
-    model, data = _trained("layer")
-    runs = [(model, None)]
-    assert cell_study.accuracies(runs, data, data, "population") == cell_study.accuracies(runs, data)
-    with pytest.raises(ValueError, match="estimate must be one of"):
-        cell_study.accuracies(runs, data, data, "moving")
-    with pytest.raises(ValueError, match="needs train_set"):
-        cell_study.accuracies(runs, data, None, "population")
+def test_has_steps_tells_per_step_batchnorm_apart():
+    assert cell_study.has_steps(_model("batch")) and not cell_study.has_steps(_model("layer"))
 
 
 def test_with_steps_adds_steps_that_answer_as_the_last_trained_one():

@@ -3,14 +3,20 @@ its moving averages and with population statistics, and the probes the chapter m
 
 Cooijmans et al. (2017) score the BN-LSTM with population statistics, estimated over the
 training set after training (:func:`lnbook.rnn.population_statistics`); a model's moving
-averages are a different estimate, and early in training a poor one. :func:`bn_accuracy`
-scores a model both ways, so that a chapter never confuses the estimate with the norm.
+averages are a different estimate, and early in training a poor one.
+:func:`with_population_statistics` gives a trained model's copy with that estimate, so that a
+chapter can score it both ways and never confuse the estimate with the norm.
 """
 
 from __future__ import annotations
 
 import copy
+import csv
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -21,9 +27,6 @@ from . import rnn, train
 from ._checks import check_number, check_positive_int, describe
 from .data import Dataset
 from .norms import TimeStepBatchNorm, apply_norm
-
-ESTIMATES = ("running", "population")
-
 
 def grid(lrs: Sequence[float], seeds: Sequence[int]) -> tuple[list[int], list[float]]:
     """The members of a learning-rate grid trained as one stack: ``(seeds, lrs)``, one entry
@@ -51,27 +54,6 @@ def with_population_statistics(model: nn.Module, data: Dataset, batch_size: int 
     model = copy.deepcopy(model)
     rnn.population_statistics(model, data, batch_size)
     return model
-
-
-def bn_accuracy(model: nn.Module, train_set: Dataset, test: Dataset, batch_size: int = 64) -> dict[str, float]:
-    """A BN model's test accuracy with its moving averages (``"running"``) and with population
-    statistics estimated over ``train_set`` in batches of ``batch_size`` (``"population"``)."""
-    return {"running": train.accuracy(model, test),
-            "population": train.accuracy(with_population_statistics(model, train_set, batch_size), test)}
-
-
-def accuracies(runs: Sequence, test: Dataset, train_set: Dataset | None = None, estimate: str = "running") -> np.ndarray:
-    """Test accuracy of every trained model of ``runs = [(model, history)]``, ``(seeds,)``:
-    as it is (``estimate="running"``; BatchNorm uses its moving averages), or with population
-    statistics estimated over ``train_set`` (``"population"``; a model without per-step
-    statistics is scored as it is)."""
-    if estimate not in ESTIMATES:
-        raise ValueError(f"estimate must be one of {ESTIMATES}, got {describe(estimate)}")
-    if estimate == "population" and train_set is None:
-        raise ValueError("estimate='population' needs train_set, the data to estimate the statistics over")
-    models = [with_population_statistics(m, train_set) if estimate == "population" and has_steps(m) else m
-              for m, _ in runs]
-    return np.array([train.accuracy(m, test) for m in models])
 
 
 def has_steps(model: nn.Module) -> bool:
@@ -165,12 +147,6 @@ def set_gain(model: nn.Module, placement: str, gain: float) -> nn.Module:
 
 
 # The stored character-level run (benchmarks/char_lm.py), read here so that chapter 05 need not train it.
-import csv  # noqa: E402  (appended with the reader below, which alone needs them)
-import math  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-from importlib import resources  # noqa: E402
-from pathlib import Path  # noqa: E402
-
 CHAR_LM_ARMS = ("LSTM", "LN-LSTM", "BN-LSTM")
 _CURVE_COLUMNS = ["arm", "lr", "seed", "step", "val_loss"]
 _FINAL_COLUMNS = ["arm", "lr", "seed", "val_loss", "test_loss", "val_loss_population", "test_loss_population"]
