@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 import torch
-from sigmoid_full import RESULTS, provenance  # this script's folder is on the path when it runs
+from sigmoid_full import RESULTS, provenance, write_tables  # this script's folder is on the path when it runs
 
 from lnbook import cell_study, data, rnn, seeds, train
 
@@ -81,10 +81,7 @@ def main() -> None:
             final.append(f"{arm},{lr},{s}," + ",".join(f"{v:.6f}" for v in scores) + ("" if norm == "batch" else ",,"))
         print(f"{arm}: {len(out)} members, {args.steps} steps in {trained:.0f} s, scored in "
               f"{time.perf_counter() - start - trained:.0f} s; diverged: {sum(h.diverged for _, h in out)}", flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    for name, rows in (("char_lm-curves.csv", curves), ("char_lm-final.csv", final)):
-        (args.out / name).write_text("".join(f"# {line}\n" for line in head) + "\n".join(rows) + "\n")
-        print(f"wrote {args.out / name}")
+    write_tables(args.out, head, {"char_lm-curves.csv": curves, "char_lm-final.csv": final})
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sigmoid_full import provenance  # this script's folder is on the path when it runs
+from sigmoid_full import provenance, write_tables  # this script's folder is on the path when it runs
 
 from lnbook import batchnorm_study as study
 from lnbook import data, models, seeds, train
@@ -71,10 +71,7 @@ def main() -> None:
                             + ";".join(f"{g:.6g}" for g in grads[s]) + ","
                             + "".join(str(int(v)) for v in scored[args.epochs][m]))
             print(f"depth {depth}, {arm}: {time.perf_counter() - start:.0f} s", flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "depth_sweep.csv"
-    path.write_text("".join(f"# {line}\n" for line in head) + "\n".join(rows) + "\n")
-    print(f"wrote {path}")
+    write_tables(args.out, head, {"depth_sweep.csv": rows})
 
 
 if __name__ == "__main__":

@@ -56,6 +56,15 @@ def provenance(setting: str) -> list[str]:
             setting]
 
 
+def write_tables(out: Path, head: list[str], tables: dict[str, list[str]]) -> None:
+    """Write each table of ``tables`` (file name -> its rows, the column names first) to ``out``,
+    after ``head``'s provenance lines as ``# `` lines."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, rows in tables.items():
+        (out / name).write_text("".join(f"# {line}\n" for line in head) + "\n".join(rows) + "\n")
+        print(f"wrote {out / name}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lr-none", type=float, nargs="+", default=[0.3])
@@ -92,10 +101,7 @@ def main() -> None:
             tests.append(f"{norm},{lr},{s}," + "".join(str(int(v)) for v in scored[args.updates // UPDATES_PER_EPOCH][m]))
         print(f"{norm}: {args.updates} updates in {time.perf_counter() - start:.0f} s; final validation accuracy "
               f"{np.mean([h.test_acc[-1] for h in hist]):.4f}", flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    for name, rows in (("sigmoid_full-curves.csv", curves), ("sigmoid_full-test.csv", tests)):
-        (args.out / name).write_text("".join(f"# {line}\n" for line in head) + "\n".join(rows) + "\n")
-        print(f"wrote {args.out / name}")
+    write_tables(args.out, head, {"sigmoid_full-curves.csv": curves, "sigmoid_full-test.csv": tests})
 
 
 if __name__ == "__main__":
