@@ -129,3 +129,15 @@ def test_set_gain_sets_one_placement():
     off = rnn.SequenceClassifier(rnn.LSTMCell(3, 8, "layer", norm_hidden=False), 4)
     with pytest.raises(ValueError, match="no norm with a gain"):
         cell_study.set_gain(off, "recurrent", 1.0)
+
+
+def test_splice_statistics_takes_the_donors_later_steps_only():
+    model, data = _trained()
+    donor = cell_study.with_population_statistics(cell_study.with_steps(model, 8), (torch.randn(24, 8, 3), data[1]))
+    spliced = cell_study.splice_statistics(model, donor, 5)
+    got, kept = spliced.cell.norm_ih.running_var, model.cell.norm_ih.running_var
+    assert got.shape[0] == 8 and torch.equal(got[:5], kept) and torch.equal(got[5:], donor.cell.norm_ih.running_var[5:])
+    with pytest.raises(ValueError, match="below the donor's 8 steps"):
+        cell_study.splice_statistics(model, donor, 8)
+    with pytest.raises(ValueError, match="no TimeStepBatchNorm"):
+        cell_study.splice_statistics(model, _model("layer"), 2)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import rnn, train
-from ._checks import check_number, check_positive_int, describe
+from ._checks import check_int, check_number, check_positive_int, describe
 from .data import Dataset
 from .norms import TimeStepBatchNorm, apply_norm
 
@@ -77,6 +77,29 @@ def with_steps(model: nn.Module, max_steps: int) -> nn.Module:
         m.running_mean, m.running_var = m.running_mean[last].clone(), m.running_var[last].clone()
         m.max_steps = max_steps
     return model
+
+
+def splice_statistics(model: nn.Module, donor: nn.Module, first_step: int) -> nn.Module:
+    """A copy of ``model`` whose per-step BatchNorm statistics from ``first_step`` on are
+    ``donor``'s (the same architecture, with at least as many steps; ``model`` is first given
+    ``donor``'s number of steps by :func:`with_steps`). Used to change only the steps past the
+    trained length and keep the trained steps' statistics."""
+    norms = [m for m in donor.modules() if isinstance(m, TimeStepBatchNorm)]
+    if not norms:
+        raise ValueError("donor has no TimeStepBatchNorm: it keeps no per-step statistics")
+    steps = norms[0].max_steps
+    check_int(first_step, "first_step", 0, f"an int in 0..{steps - 1}")
+    if first_step >= steps:
+        raise ValueError(f"first_step must be below the donor's {steps} steps, got {first_step}")
+    spliced = with_steps(model, steps)
+    targets = [m for m in spliced.modules() if isinstance(m, TimeStepBatchNorm)]
+    if len(targets) != len(norms) or any(t.running_mean.shape != d.running_mean.shape for t, d in zip(targets, norms)):
+        raise ValueError("model and donor must have the same per-step BatchNorm layers")
+    with torch.no_grad():
+        for t, d in zip(targets, norms):
+            t.running_mean[first_step:] = d.running_mean[first_step:]
+            t.running_var[first_step:] = d.running_var[first_step:]
+    return spliced
 
 
 def batch_accuracy(model: nn.Module, test: Dataset, batch_size: int) -> float:
