@@ -196,11 +196,12 @@ class StoredCharLM:
     curves: dict[tuple[str, float], np.ndarray]
 
 
-def _char_lm_rows(folder, name: str, columns: list[str]) -> tuple[list[str], list[dict[str, str]]]:
-    """One file of the stored run: (its provenance lines, its rows), checked for its columns."""
+def _stored_rows(folder, name: str, columns: list[str], script: str) -> tuple[list[str], list[dict[str, str]]]:
+    """One file of a stored run that ``benchmarks/<script>`` writes: (its provenance lines, its
+    rows), checked for its columns."""
     file = folder / name
     if not file.is_file():
-        raise FileNotFoundError(f"{file} is missing: benchmarks/char_lm.py writes it (with --out for another folder)")
+        raise FileNotFoundError(f"{file} is missing: benchmarks/{script} writes it (with --out for another folder)")
     lines = file.read_text().splitlines()
     head = [line[2:] for line in lines if line.startswith("# ")]
     body = [line for line in lines if line and not line.startswith("#")]
@@ -219,8 +220,8 @@ def stored_char_lm(path: str | Path | None = None) -> StoredCharLM:
     with the package (so it reads from any working directory, Colab included). Raises
     FileNotFoundError for a missing file and ValueError for a malformed or inconsistent one."""
     folder = resources.files("lnbook") / "results" if path is None else Path(path)
-    provenance, curve_rows = _char_lm_rows(folder, "char_lm-curves.csv", _CURVE_COLUMNS)
-    _, final_rows = _char_lm_rows(folder, "char_lm-final.csv", _FINAL_COLUMNS)
+    provenance, curve_rows = _stored_rows(folder, "char_lm-curves.csv", _CURVE_COLUMNS, "char_lm.py")
+    _, final_rows = _stored_rows(folder, "char_lm-final.csv", _FINAL_COLUMNS, "char_lm.py")
     try:
         final = {(r["arm"], float(r["lr"]), int(r["seed"])): r for r in final_rows}
         curve = {(r["arm"], float(r["lr"]), int(r["seed"]), int(r["step"])): float(r["val_loss"]) for r in curve_rows}
@@ -257,3 +258,100 @@ def stored_char_lm(path: str | Path | None = None) -> StoredCharLM:
         val_population={k: per_seed(*k, "val_loss_population") for k in bn},
         test_population={k: per_seed(*k, "test_loss_population") for k in bn},
         curves={k: np.array([[curve.get((*k, s, t), math.nan) for t in steps] for s in seeds]) for k in keys})
+
+
+# The stored 20-epoch digits run (benchmarks/digits_long.py), read here so that chapter 05 need not train it.
+DIGITS_LONG_TASKS = ("sequential", "permuted")
+DIGITS_LONG_ARMS = ("LSTM", "BN-LSTM", "LN-LSTM", "GRU", "BN-GRU", "LN-GRU")
+_DIGITS_CURVE_COLUMNS = ["task", "arm", "lr", "seed", "epoch", "val_acc"]
+_DIGITS_FINAL_COLUMNS = ["task", "arm", "lr", "seed", "val_acc", "test_acc", "val_acc_population",
+                         "test_acc_population", "updates_to_1"]
+
+
+@dataclass(frozen=True)
+class StoredDigitsLong:
+    """The 20-epoch digits run of ``benchmarks/digits_long.py``, per ``(task, arm, lr)`` (tasks
+    :data:`DIGITS_LONG_TASKS`, arms :data:`DIGITS_LONG_ARMS`), seeds in ascending order
+    (``seeds[task, arm]``; ``lrs[task, arm]``, that arm's rates, ascending): ``val`` and ``test``,
+    the accuracy after the last epoch on the validation and test digits ``(S,)`` (BatchNorm with
+    its moving averages); ``val_population`` and ``test_population``, the BN arms' with
+    population statistics over the fit digits ``(S,)`` (BN keys only); ``updates_to_1``, each
+    seed's updates to training loss 1.0 (:func:`lnbook.train.updates_to`; None: never);
+    ``curves``, the validation accuracy after every epoch of ``epochs`` ``(S, E)``. A diverged
+    member's accuracies are ``nan``. ``provenance``: machine, commit, date, command, setting."""
+
+    provenance: list[str]
+    seeds: dict[tuple[str, str], list[int]]
+    lrs: dict[tuple[str, str], list[float]]
+    epochs: list[int]
+    val: dict[tuple[str, str, float], np.ndarray]
+    test: dict[tuple[str, str, float], np.ndarray]
+    val_population: dict[tuple[str, str, float], np.ndarray]
+    test_population: dict[tuple[str, str, float], np.ndarray]
+    updates_to_1: dict[tuple[str, str, float], list[int | None]]
+    curves: dict[tuple[str, str, float], np.ndarray]
+
+
+def stored_digits_long(path: str | Path | None = None) -> StoredDigitsLong:
+    """The stored run of ``benchmarks/digits_long.py`` (``digits_long-curves.csv`` and
+    ``digits_long-final.csv``) from the folder ``path``, by default ``lnbook/results/`` as
+    installed with the package. Raises FileNotFoundError for a missing file and ValueError for a
+    malformed or inconsistent one."""
+    folder = resources.files("lnbook") / "results" if path is None else Path(path)
+    provenance, curve_rows = _stored_rows(folder, "digits_long-curves.csv", _DIGITS_CURVE_COLUMNS, "digits_long.py")
+    _, final_rows = _stored_rows(folder, "digits_long-final.csv", _DIGITS_FINAL_COLUMNS, "digits_long.py")
+    try:
+        final = {(r["task"], r["arm"], float(r["lr"]), int(r["seed"])): r for r in final_rows}
+        curve = {(r["task"], r["arm"], float(r["lr"]), int(r["seed"]), int(r["epoch"])): float(r["val_acc"])
+                 for r in curve_rows}
+    except ValueError as error:
+        raise ValueError(f"the stored digits_long run holds a value that is not a number: {error}") from None
+    if len(final) != len(final_rows):
+        raise ValueError("digits_long-final.csv must hold one row per task, arm, rate and seed, got a repeated one")
+    bad = sorted({k[:2] for k in final if k[0] not in DIGITS_LONG_TASKS or k[1] not in DIGITS_LONG_ARMS})
+    if bad:
+        raise ValueError(f"the stored digits_long run's (task, arm) must be among {DIGITS_LONG_TASKS} x "
+                         f"{DIGITS_LONG_ARMS}, got {bad}")
+    pairs = [(t, a) for t in DIGITS_LONG_TASKS for a in DIGITS_LONG_ARMS if any(k[:2] == (t, a) for k in final)]
+    lrs = {p: sorted({k[2] for k in final if k[:2] == p}) for p in pairs}
+    seeds = {p: sorted({k[3] for k in final if k[:2] == p}) for p in pairs}
+    if len(final) != sum(len(lrs[p]) * len(seeds[p]) for p in pairs):
+        raise ValueError("digits_long-final.csv must hold one row per task, arm, rate and seed, every seed at every "
+                         "rate of its arm")
+    if {k[:4] for k in curve} != set(final):
+        raise ValueError("digits_long-curves.csv and digits_long-final.csv disagree on their tasks, arms, rates or seeds")
+    epochs = sorted({k[4] for k in curve})
+    if len(curve) != len(final) * len(epochs):
+        raise ValueError(f"digits_long-curves.csv must hold every member's accuracy at each of the epochs {epochs}")
+    if any(not (math.isnan(v) or 0 <= v <= 1) for v in curve.values()):
+        raise ValueError("digits_long-curves.csv holds a val_acc outside [0, 1]")
+
+    def accuracy(text: str) -> float:
+        value = float(text)
+        if not (math.isnan(value) or 0 <= value <= 1):
+            raise ValueError(f"an accuracy of {text}, expected one in [0, 1] (or nan: diverged)")
+        return value
+
+    def updates(text: str) -> int | None:
+        if not text:
+            return None
+        if not text.isdigit() or int(text) < 1:
+            raise ValueError(f"updates of {text!r}, expected a positive integer (or empty: never)")
+        return int(text)
+
+    def per_seed(key: tuple[str, str, float], column: str, read=accuracy) -> list:
+        try:
+            return [read(final[(*key, s)][column]) for s in seeds[key[:2]]]
+        except ValueError as error:
+            raise ValueError(f"digits_long-final.csv, {key[1]} on {key[0]} digits at lr {key[2]}, column {column}: "
+                             f"{error}") from None
+
+    keys = [(*p, lr) for p in pairs for lr in lrs[p]]
+    bn = [k for k in keys if k[1].startswith("BN-")]
+    return StoredDigitsLong(
+        provenance=provenance, seeds=seeds, lrs=lrs, epochs=epochs,
+        val={k: np.array(per_seed(k, "val_acc")) for k in keys}, test={k: np.array(per_seed(k, "test_acc")) for k in keys},
+        val_population={k: np.array(per_seed(k, "val_acc_population")) for k in bn},
+        test_population={k: np.array(per_seed(k, "test_acc_population")) for k in bn},
+        updates_to_1={k: per_seed(k, "updates_to_1", updates) for k in keys},
+        curves={k: np.array([[curve[(*k, s, e)] for e in epochs] for s in seeds[k[:2]]]) for k in keys})
