@@ -28,6 +28,7 @@ from ._checks import check_int, check_number, check_positive_int, describe
 from .data import Dataset
 from .norms import TimeStepBatchNorm, apply_norm
 
+
 def grid(lrs: Sequence[float], seeds: Sequence[int]) -> tuple[list[int], list[float]]:
     """The members of a learning-rate grid trained as one stack: ``(seeds, lrs)``, one entry
     per member, every seed at every rate (rate-major), for :func:`lnbook.seeds.start_runs`."""
