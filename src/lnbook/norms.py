@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ._checks import (
+    check_bool,
     check_choice,
     check_eps,
     check_float_tensor,
@@ -130,23 +131,25 @@ class DyT(NotScriptable, nn.Module):
 
     A drop-in replacement for a norm that computes no statistics: one learnable scalar
     ``alpha`` (initialized to ``alpha_init``) squashes every element, then a per-feature gain
-    and bias. Shapes: input ``(*, *normalized_shape)``, output the same.
+    and, if ``bias``, a bias (their LLaMA models have none: ``weight * tanh(alpha * x)``).
+    Shapes: input ``(*, *normalized_shape)``, output the same.
     """
 
-    def __init__(self, normalized_shape: int | Sequence[int], alpha_init: float = 0.5) -> None:
+    def __init__(self, normalized_shape: int | Sequence[int], alpha_init: float = 0.5, bias: bool = True) -> None:
         super().__init__()
         self.normalized_shape = check_normalized_shape(normalized_shape)
         self.alpha = nn.Parameter(torch.tensor(check_number(alpha_init, "alpha_init", "a finite number")))
         self.weight = nn.Parameter(torch.ones(self.normalized_shape))
-        self.bias = nn.Parameter(torch.zeros(self.normalized_shape))
+        self.bias = nn.Parameter(torch.zeros(self.normalized_shape)) if check_bool(bias, "bias") else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_float_tensor(x, "x")
         check_trailing(tuple(x.shape), self.normalized_shape)
-        return self.weight * torch.tanh(self.alpha * x) + self.bias
+        y = self.weight * torch.tanh(self.alpha * x)
+        return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
-        return f"{self.normalized_shape}, alpha={self.alpha.item():.3g}"
+        return f"{self.normalized_shape}, alpha={self.alpha.item():.3g}, bias={self.bias is not None}"
 
 
 class DetachNorm(NotScriptable, nn.Module):

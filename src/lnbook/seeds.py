@@ -75,6 +75,7 @@ from .train import (
     clip_member_grads,
     fit_many,
     lm_loss,
+    make_optimizer,
     mlm_batch,
     mlm_loss,
     recording_logits,
@@ -356,16 +357,17 @@ def _stacked(model: nn.Module) -> int:
 
 
 class _Optimizer:
-    """Adam, or SGD with momentum 0.9, over a stacked model, each member at its own learning
-    rate ``lrs[s]``. Both updates are the learning rate times a direction that does not depend
-    on it, so the step is taken at ``max(lrs)`` and member ``s``'s share of it scaled by
-    ``lrs[s] / max(lrs)``; a member that stopped (``active[s]`` False) keeps its weights."""
+    """Adam, RAdam or SGD with momentum 0.9 (:func:`lnbook.train.make_optimizer`) over a
+    stacked model, each member at its own learning rate ``lrs[s]``. Each update is the learning
+    rate times a direction that does not depend on it, so the step is taken at ``max(lrs)`` and
+    member ``s``'s share of it scaled by ``lrs[s] / max(lrs)``; a member that stopped
+    (``active[s]`` False) keeps its weights."""
 
     def __init__(self, model: nn.Module, lrs: list[float], optimizer: str, grad_clip: float | None) -> None:
         self.params = list(model.parameters())
         self.lr = max(lrs)
+        self.opt = make_optimizer(self.params, self.lr, optimizer)
         params = self.params
-        self.opt = torch.optim.Adam(params, lr=self.lr) if optimizer == "adam" else torch.optim.SGD(params, lr=self.lr, momentum=0.9)
         self.scale = torch.tensor(lrs, device=params[0].device) / self.lr
         self.grad_clip = grad_clip
 
@@ -515,17 +517,18 @@ def _fit_steps(
     model: nn.Module, batch: Callable[[list[torch.Generator]], tuple[torch.Tensor, ...]],
     validate: Callable[[], np.ndarray], *, steps: int, lr: float | Sequence[float], seeds: Sequence[int], warmup: int,
     grad_clip: float | None, eval_every: int, objective: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
-    record: Callable[[list[LMHistory], list[int]], None] | None = None,
+    record: Callable[[list[LMHistory], list[int]], None] | None = None, optimizer: str = "adam",
 ) -> list[LMHistory]:
     """The loop of :func:`fit_lm` and :func:`fit_mlm`, :func:`lnbook.train.fit_lm`'s for every
-    member: Adam on ``model.loss(*batch(generators))`` (or ``objective``'s ``(loss to minimize,
+    member: Adam (or ``optimizer``) on ``model.loss(*batch(generators))`` (or ``objective``'s ``(loss to minimize,
     loss to report)``, each ``(S,)``) with a linear warm-up, ``validate()`` every ``eval_every``
     steps, and a member's stop on its first non-finite loss."""
     s = _stacked(model)
     for name, value in (("steps", steps), ("eval_every", eval_every)):
         check_positive_int(value, name)
     check_int(warmup, "warmup")
-    step = _Optimizer(model, _member_lrs(lr, s), "adam", grad_clip)
+    check_choice(optimizer, OPTIMIZERS, "optimizer")
+    step = _Optimizer(model, _member_lrs(lr, s), optimizer, grad_clip)
     generators = [torch.Generator().manual_seed(seed) for seed in _check_seeds(seeds, s)]
     device = step.params[0].device
     histories = [LMHistory() for _ in range(s)]
@@ -573,11 +576,12 @@ def fit_lm(
     eval_every: int = 50,
     z_loss: float = 0.0,
     record_logits: bool = False,
+    optimizer: str = "adam",
 ) -> list[LMHistory]:
     """:func:`lnbook.train.fit_lm` for every member of a stacked language model (a
     :class:`~lnbook.transformer.TinyGPT` made by :func:`stack`): member ``s`` draws its windows
     from a generator seeded with ``seeds[s]`` and trains at ``lr[s]`` (``lr``: one number or one
-    per member). One :class:`~lnbook.train.LMHistory` per member."""
+    per member) with ``optimizer`` (``"adam"`` or ``"radam"``). One :class:`~lnbook.train.LMHistory` per member."""
     _stacked(model)
     check_streams(train_ids, val_ids, block_size)
     check_positive_int(batch_size, "batch_size")
@@ -599,7 +603,8 @@ def fit_lm(
     with recording_logits(model, record_logits) as layers:
         return _fit_steps(model, batch, lambda: lm_loss(model, val_ids, block_size), steps=steps, lr=lr, seeds=seeds,
                           warmup=warmup, grad_clip=grad_clip, eval_every=eval_every,
-                          objective=objective if z_loss or record_logits else None, record=record if record_logits else None)
+                          objective=objective if z_loss or record_logits else None, record=record if record_logits else None,
+                          optimizer=optimizer)
 
 
 def fit_mlm(

@@ -38,7 +38,7 @@ from ._checks import (
 from .data import Dataset
 from .utils import seed_everything
 
-OPTIMIZERS = ("adam", "sgd")
+OPTIMIZERS = ("adam", "sgd", "radam")
 
 
 @dataclass
@@ -80,15 +80,24 @@ class Run(NamedTuple):
     generator: torch.Generator
 
 
-def prepare(model: nn.Module, lr: float, seed: int, optimizer: str = "adam") -> Run:
-    """The start of every training loop: check ``lr``, make the optimizer (``"adam"``, or
-    ``"sgd"`` with momentum 0.9) over the model's parameters, seed torch's global generator
-    (dropout) and a generator for the data order with ``seed``, and put the model in
-    training mode."""
-    check_number(lr, "lr", "a positive number", lambda v: v > 0)
+def make_optimizer(params: Sequence[torch.Tensor], lr: float, optimizer: str = "adam") -> torch.optim.Optimizer:
+    """The optimizer :data:`OPTIMIZERS` names over ``params``: ``"adam"``; ``"sgd"`` with momentum
+    0.9; or ``"radam"``, Adam whose early steps are rectified for the variance of its
+    second-moment estimate (Liu et al., 2020, "On the variance of the adaptive learning rate"),
+    torch's defaults otherwise."""
     check_choice(optimizer, OPTIMIZERS, "optimizer")
+    if optimizer == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    return (torch.optim.Adam if optimizer == "adam" else torch.optim.RAdam)(params, lr=lr)
+
+
+def prepare(model: nn.Module, lr: float, seed: int, optimizer: str = "adam") -> Run:
+    """The start of every training loop: check ``lr``, make the optimizer (:func:`make_optimizer`)
+    over the model's parameters, seed torch's global generator (dropout) and a generator for
+    the data order with ``seed``, and put the model in training mode."""
+    check_number(lr, "lr", "a positive number", lambda v: v > 0)
     params = list(model.parameters())
-    opt = torch.optim.Adam(params, lr=lr) if optimizer == "adam" else torch.optim.SGD(params, lr=lr, momentum=0.9)
+    opt = make_optimizer(params, lr, optimizer)
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     model.train()
@@ -287,9 +296,9 @@ def _fit_steps(
     model: nn.Module, batch: Callable[[torch.Generator], tuple[torch.Tensor, ...]], validate: Callable[[], float],
     *, steps: int, lr: float, seed: int, warmup: int, grad_clip: float | None, eval_every: int,
     objective: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
-    record: Callable[[LMHistory], None] | None = None,
+    record: Callable[[LMHistory], None] | None = None, optimizer: str = "adam",
 ) -> LMHistory:
-    """The loop :func:`fit_lm` and :func:`fit_mlm` share: Adam on ``model.loss(*batch(generator))``
+    """The loop :func:`fit_lm` and :func:`fit_mlm` share: Adam (or ``optimizer``) on ``model.loss(*batch(generator))``
     with a linear warm-up, ``validate()`` every ``eval_every`` steps, a stop on a non-finite loss.
 
     ``objective(*batch)``, if given, replaces ``model.loss`` and returns ``(loss to minimize,
@@ -297,7 +306,7 @@ def _fit_steps(
     for name, value in (("steps", steps), ("eval_every", eval_every)):
         check_positive_int(value, name)
     check_int(warmup, "warmup")
-    run = prepare(model, lr, seed)
+    run = prepare(model, lr, seed, optimizer)
     history, elapsed = LMHistory(), 0.0
     for step in range(1, steps + 1):
         start = time.perf_counter()
@@ -338,6 +347,7 @@ def fit_lm(
     eval_every: int = 50,
     z_loss: float = 0.0,
     record_logits: bool = False,
+    optimizer: str = "adam",
 ) -> LMHistory:
     """Train a next-token model on random windows of a token stream, with Adam.
 
@@ -358,6 +368,8 @@ def fit_lm(
             in the history (see :class:`LMHistory`); the model's attention layers (those with a
             ``record_logits`` attribute, as ``TinyGPT``'s) compute attention explicitly while
             training, which is slower. The default (False) leaves the training step as it is.
+        optimizer: ``"adam"``, or another of :data:`OPTIMIZERS` (``"radam"``: Adam rectified
+            for its early variance, a warm-up built into the optimizer).
     """
     check_streams(train_ids, val_ids, block_size)
     check_positive_int(batch_size, "batch_size")
@@ -375,7 +387,8 @@ def fit_lm(
     with recording_logits(model, record_logits) as layers:
         return _fit_steps(model, batch, lambda: lm_loss(model, val_ids, block_size), steps=steps, lr=lr, seed=seed,
                           warmup=warmup, grad_clip=grad_clip, eval_every=eval_every,
-                          objective=objective if z_loss or record_logits else None, record=record if record_logits else None)
+                          objective=objective if z_loss or record_logits else None, record=record if record_logits else None,
+                          optimizer=optimizer)
 
 
 class LMObjective:

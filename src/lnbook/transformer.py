@@ -24,11 +24,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from ._checks import check_bool, check_choice, check_number, check_positive_int, describe
-from .norms import EXAMPLE_NORMS, apply_norm, check_norm, norm_layer
+from .norms import EXAMPLE_NORMS, DyT, apply_norm, check_norm, norm_layer
 
 NORMS = ("none", "batch", *EXAMPLE_NORMS)  # and chapter 06's spellings "layernorm", "rmsnorm", "batchnorm"
 POSITIONS = ("pre", "post")
-INITS = ("gpt2", "xavier")
+INITS = ("gpt2", "xavier", "bert")
 QK_NORMS = ("none", "layernorm", "rmsnorm")
 
 
@@ -40,7 +40,14 @@ class GPTConfig:
     ``"layernorm"``: torch's fused LayerNorm), ``"rms"`` (``"rmsnorm"``), ``"dyt"`` (Dynamic
     Tanh), ...; ``"none"``; or ``"batch"`` (``"batchnorm"``: statistics over the real tokens of
     the whole batch, to show why Transformers do not use it). ``norm_position``: ``"pre"`` or ``"post"``.
-    ``final_norm``: one more norm after the last block (GPT-2's ``ln_f``). ``causal``: each
+    ``final_norm``: one more norm after the last block (GPT-2's ``ln_f``): True, the blocks'
+    ``norm``; a norm name, that norm (DyT blocks with a LayerNorm before the head, say); False,
+    none. ``embed_norm``: a ``norm`` over the summed token and position embeddings before the
+    first block (BERT's embedding LayerNorm). ``embed_scale``: the token embedding multiplied by
+    a learnable scalar that starts at ``sqrt(d_model)`` (Zhu et al.'s DyT LLaMA recipe).
+    ``dyt_alpha``: DyT's initial ``alpha``, one number for every site or three, for the norms
+    before attention, before the MLP, and the final norm (Post-LN: after attention, after the
+    MLP). ``causal``: each
     token attends to itself and the tokens before it (a decoder); ``False``: to every token
     (an encoder, as over an image's patches). ``bias``: the linear layers and the LayerNorms
     have biases (``False``: none, as in T5 and LLaMA; RMSNorm never has one).
@@ -49,7 +56,9 @@ class GPTConfig:
     ``sqrt(2 * n_layer)``; or ``"xavier"``, as the original Transformer and Xiong et al.'s
     analysis: every linear layer's weight Xavier-uniform (query, key and value each as a
     ``d_model x d_model`` matrix), no scaling with depth, and the embeddings normal with standard
-    deviation ``d_model ** -0.5``. Biases start at zero in both.
+    deviation ``d_model ** -0.5``; or ``"bert"``, BERT's: every weight matrix and embedding
+    truncated normal with standard deviation 0.02 (cut at two standard deviations), no scaling
+    with depth. Biases start at zero in all three.
     ``qk_norm``: ``"none"``; or ``"layernorm"`` / ``"rmsnorm"`` over each head's ``d_model //
     n_head`` query and key features before their dot product (query-key normalization, Henry
     et al. 2020; with LayerNorm, "QK-layernorm", as in ViT-22B), one norm for the queries and
@@ -69,12 +78,15 @@ class GPTConfig:
     dropout: float = 0.0
     norm: str = "layernorm"
     norm_position: str = "pre"
-    final_norm: bool = True
+    final_norm: bool | str = True
     causal: bool = True
     bias: bool = True
     init: str = "gpt2"
     qk_norm: str = "none"
     deepnorm: bool = False
+    embed_norm: bool = False
+    embed_scale: bool = False
+    dyt_alpha: float | tuple[float, float, float] = 0.5
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "d_model"):
@@ -84,7 +96,17 @@ class GPTConfig:
         check_number(self.dropout, "dropout", "a number in [0, 1)", lambda v: 0 <= v < 1)
         check_norm(self.norm, NORMS)
         check_choice(self.norm_position, POSITIONS, "norm_position")
-        check_bool(self.final_norm, "final_norm")
+        if not isinstance(self.final_norm, bool):
+            if not isinstance(self.final_norm, str):
+                raise TypeError(f"final_norm must be True, False or a norm name, got {describe(self.final_norm)}")
+            check_norm(self.final_norm, NORMS)
+        check_bool(self.embed_norm, "embed_norm")
+        check_bool(self.embed_scale, "embed_scale")
+        alphas = self.dyt_alpha if isinstance(self.dyt_alpha, tuple) else (self.dyt_alpha,) * 3
+        if len(alphas) != 3:
+            raise ValueError(f"dyt_alpha must be one number or three (attention, MLP, final), got {describe(self.dyt_alpha)}")
+        for alpha in alphas:
+            check_number(alpha, "dyt_alpha", "a positive number (or three)", lambda v: v > 0)
         check_bool(self.causal, "causal")
         check_bool(self.bias, "bias")
         check_choice(self.init, INITS, "init")
@@ -95,20 +117,34 @@ class GPTConfig:
 
 
 PRESETS: dict[str, dict] = {
-    # The original Transformer's and BERT's Post-LN blocks with no final norm; the Transformer
-    # with the Xavier initialization Xiong et al. analyse. BERT is an encoder: causal=False.
+    # The original Transformer's Post-LN blocks with no final norm, with the Xavier
+    # initialization Xiong et al. analyse.
     "transformer": dict(norm="layernorm", norm_position="post", final_norm=False, init="xavier"),
-    "bert": dict(norm="layernorm", norm_position="post", final_norm=False, causal=False),
+    # BERT: an encoder (causal=False), Post-LN with no final norm, a LayerNorm over the summed
+    # embeddings, every weight truncated normal with standard deviation 0.02.
+    "bert": dict(norm="layernorm", norm_position="post", final_norm=False, causal=False, embed_norm=True, init="bert"),
     # GPT-2: Pre-LN plus a final LayerNorm (ln_f), its depth-scaled initialization.
     "gpt2": dict(norm="layernorm", norm_position="pre", final_norm=True, init="gpt2"),
     # T5 and LLaMA: Pre-norm RMSNorm (no mean subtraction, no bias), a final norm, no biases.
+    # Their initializations are not modelled: GPT-2's (see PUBLISHED_INIT).
     "t5": dict(norm="rmsnorm", norm_position="pre", final_norm=True, bias=False),
     "llama": dict(norm="rmsnorm", norm_position="pre", final_norm=True, bias=False),
 }
 """The norm wiring of famous models, as :class:`GPTConfig` settings: norm, its position, the
-final norm, biases, attention direction. Only the wiring: activations (ReLU, GELU, SwiGLU),
-position encodings and encoder-decoder structure (the original Transformer, T5) are not
-modelled; the decoder-only presets are causal."""
+final norm, an embedding norm, biases, attention direction, and the initialization where the
+model's own is one of :data:`INITS`. Only these: activations (ReLU, GELU, SwiGLU), position
+encodings and encoder-decoder structure (the original Transformer, T5) are not modelled; the
+decoder-only presets are causal."""
+
+PUBLISHED_INIT: dict[str, str | None] = {
+    "transformer": "xavier",  # Xiong et al.'s reading of it; Vaswani et al. do not state one
+    "bert": "bert",  # truncated normal, 0.02
+    "gpt2": "gpt2",  # normal 0.02, residual projections / sqrt(2 L)
+    "t5": None,  # Mesh TensorFlow's fan-in scaled normal, not modelled
+    "llama": None,  # the paper states none
+}
+"""Each preset's model's own initialization, where it is one of :data:`INITS` (None: not
+modelled, and the preset uses GPT-2's)."""
 
 
 def preset(name: str, vocab_size: int, block_size: int, **settings) -> GPTConfig:
@@ -120,13 +156,16 @@ def preset(name: str, vocab_size: int, block_size: int, **settings) -> GPTConfig
 
 class Norm(nn.Module):
     """The norm a config names, over ``d_model`` features, called as ``norm(x, mask)``
-    (:func:`lnbook.norms.apply_norm`: a batch norm leaves the padding out)."""
+    (:func:`lnbook.norms.apply_norm`: a batch norm leaves the padding out); a DyT starts at
+    ``alpha``, and without ``bias`` a LayerNorm or DyT has none."""
 
-    def __init__(self, kind: str, d_model: int, bias: bool = True) -> None:
+    def __init__(self, kind: str, d_model: int, bias: bool = True, alpha: float = 0.5) -> None:
         super().__init__()
         self.norm = norm_layer(kind, d_model, native=True)
         if not bias and isinstance(self.norm, nn.LayerNorm):
             self.norm = nn.LayerNorm(d_model, bias=False)
+        if isinstance(self.norm, DyT):
+            self.norm = DyT(d_model, alpha, bias)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         return apply_norm(self.norm, x, mask)
@@ -191,6 +230,11 @@ class SelfAttention(nn.Module):
         return F.dropout(weights, dropout) @ v
 
 
+def dyt_alphas(cfg: GPTConfig) -> tuple[float, float, float]:
+    """DyT's initial alpha before attention, before the MLP, and at the final norm."""
+    return cfg.dyt_alpha if isinstance(cfg.dyt_alpha, tuple) else (cfg.dyt_alpha,) * 3
+
+
 class Block(nn.Module):
     """One Transformer block: attention and an MLP, each with a residual and a norm."""
 
@@ -198,7 +242,8 @@ class Block(nn.Module):
         super().__init__()
         self.pre = cfg.norm_position == "pre"
         self.alpha = (2 * cfg.n_layer) ** 0.25 if cfg.deepnorm else 1.0  # DeepNorm's residual weight
-        self.norm1, self.norm2 = Norm(cfg.norm, cfg.d_model, cfg.bias), Norm(cfg.norm, cfg.d_model, cfg.bias)
+        alphas = dyt_alphas(cfg)
+        self.norm1, self.norm2 = (Norm(cfg.norm, cfg.d_model, cfg.bias, alpha) for alpha in alphas[:2])
         self.attn = SelfAttention(cfg)
         self.mlp = nn.Sequential(
             nn.Linear(cfg.d_model, 4 * cfg.d_model, bias=cfg.bias), nn.GELU(),
@@ -234,9 +279,14 @@ class TinyGPT(nn.Module):
         self.cfg = cfg
         self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos = nn.Embedding(cfg.block_size, cfg.d_model)
+        if cfg.embed_scale:  # Zhu et al.'s LLaMA recipe: token embeddings times a learnable scalar, sqrt(d) at first
+            self.embed_scale = nn.Parameter(torch.tensor(math.sqrt(cfg.d_model)))
+        if cfg.embed_norm:  # BERT: a norm over the summed embeddings
+            self.norm_e = Norm(cfg.norm, cfg.d_model, cfg.bias)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
-        self.norm_f = Norm(cfg.norm if cfg.final_norm else "none", cfg.d_model, cfg.bias)
+        final = cfg.norm if cfg.final_norm is True else cfg.final_norm or "none"
+        self.norm_f = Norm(final, cfg.d_model, cfg.bias, dyt_alphas(cfg)[2])
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.head.weight = self.tok.weight  # weight tying, as GPT-2
         for name, p in self.named_parameters():
@@ -244,6 +294,8 @@ class TinyGPT(nn.Module):
                 nn.init.zeros_(p)
             elif p.ndim != 2:
                 continue
+            elif cfg.init == "bert":  # truncated normal 0.02 everywhere, no depth scaling
+                nn.init.trunc_normal_(p, 0.0, 0.02, -0.04, 0.04)
             elif cfg.init == "gpt2":  # small normal weights; residual projections scaled by depth
                 std = 0.02 / math.sqrt(2 * cfg.n_layer) if name.endswith(("proj.weight", "mlp.2.weight")) else 0.02
                 nn.init.normal_(p, 0.0, std)
@@ -270,7 +322,14 @@ class TinyGPT(nn.Module):
         if mask is not None and (mask.shape != idx.shape or mask.dtype != torch.bool):
             raise ValueError(f"mask must be a bool tensor of idx's shape {tuple(idx.shape)}, got {mask.dtype} {tuple(mask.shape)}")
         positions = torch.arange(t, device=idx.device).expand(*idx.shape[:-2], 1, t)  # (1, T), (S, 1, T) for seeds
-        x = self.drop(self.tok(idx) + self.pos(positions))
+        tok = self.tok(idx)
+        if self.cfg.embed_scale:  # () or, for S seeds, (S,): one scalar per member
+            scale = self.embed_scale
+            tok = tok * scale.reshape(scale.shape + (1,) * (tok.ndim - scale.ndim))
+        x = tok + self.pos(positions)
+        if self.cfg.embed_norm:
+            x = self.norm_e(x, mask)
+        x = self.drop(x)
         for block in self.blocks:
             x = block(x, mask)
         return self.head(self.norm_f(x, mask))
