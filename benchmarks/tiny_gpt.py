@@ -17,7 +17,8 @@ rate), the second half the test split. The studies:
   3e-2.
 - ``norms``: GPT-2's initialization, Pre-norm, 300 steps of 16 windows, a 50-step warm-up,
   gradients clipped to 1; LayerNorm, RMSNorm, no norm, DyT everywhere, DyT by site (in the
-  blocks with a LayerNorm or no final norm; LayerNorm blocks with a final DyT), and the LLaMA
+  blocks with a LayerNorm or no final norm; LayerNorm blocks with a final DyT starting at alpha
+  0.5 or 32, the scale of a norm at initialization), and the LLaMA
   wiring with RMSNorm and with Zhu et al.'s DyT recipe (no bias, token embedding times a
   learnable scalar starting at sqrt(64) = 8, alpha_0 per site); rates 1e-3 to 1e-2.
 - ``mlm``: the BERT preset (embedding LayerNorm, BERT's initialization, attention both ways)
@@ -35,8 +36,8 @@ It writes, with provenance (machine, commit, date, command, versions) as leading
   batches of 32 windows of each half); stream_std, the standard deviation of the stream
   entering the final norm on the first test batch; final_alpha, the final DyT's alpha (empty
   without one); test_loss_batch and test_loss_population, a batch-norm model's test loss in
-  training mode and with population statistics over 32 batches of training windows (empty for
-  the others). A diverged member's losses are ``nan``.
+  training mode (the same windows, normalized 16 at a time, as it trained) and with population
+  statistics over 32 batches of training windows (empty for the others). A diverged member's losses are ``nan``.
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ STUDIES = {
         "DyT blocks + LayerNorm final": (dict(norm="dyt", final_norm="layernorm"), {"warmup": 50}),
         "DyT blocks + no final norm": (dict(norm="dyt", final_norm=False), {"warmup": 50}),
         "LayerNorm blocks + DyT final": (dict(norm="layernorm", final_norm="dyt"), {"warmup": 50}),
+        "LayerNorm blocks + DyT final (alpha 32)": (dict(norm="layernorm", final_norm="dyt", dyt_alpha=(0.5, 0.5, 32.0)),
+                                                    {"warmup": 50}),
         "LLaMA RMSNorm": (LLAMA, {"warmup": 50}),
         "LLaMA DyT recipe (0.8/0.2/0.2)": ({**DYT_RECIPE, "dyt_alpha": (0.8, 0.2, 0.2)}, {"warmup": 50}),
         "LLaMA DyT recipe (0.5/0.5/0.5)": ({**DYT_RECIPE, "dyt_alpha": 0.5}, {"warmup": 50}),
@@ -101,7 +104,8 @@ def scores(study: str, model: TinyGPT, val_ids: torch.Tensor, test_ids: torch.Te
     alpha = model.norm_f.norm.alpha.item() if isinstance(model.norm_f.norm, DyT) else math.nan
     row = [loss(val_ids), loss(test_ids), transformer_study.head_input_std(model, idx), alpha, math.nan, math.nan]
     if study == "batchnorm":
-        row[4] = transformer_study.lm_loss_batch_statistics(model, test_ids, BLOCK, batches=SCORE_BATCHES)
+        row[4] = transformer_study.lm_loss_batch_statistics(model, test_ids, BLOCK, batches=SCORE_BATCHES,
+                                                            group=STUDIES[study]["batch_size"])
         population = transformer_study.with_population_statistics(model, corpus.train, BLOCK)
         row[5] = train.lm_loss(population, test_ids, BLOCK, batches=SCORE_BATCHES)
     return row
@@ -141,8 +145,8 @@ def main() -> None:
             futures = seeds.start_runs(lambda s=study, c=settings: make(s, c, corpus.vocab_size), member_seeds, workers,
                                        **options)
             queued.append((study, arm, member_lrs, member_seeds, futures))
-    curves = [",".join(transformer_study._CURVE_COLUMNS)]
-    final = [",".join(transformer_study._FINAL_COLUMNS)]
+    curves = [",".join(transformer_study.TINY_GPT_CURVE_COLUMNS)]
+    final = [",".join(transformer_study.TINY_GPT_FINAL_COLUMNS)]
     start = time.perf_counter()
     for study, arm, member_lrs, member_seeds, futures in queued:
         for future, lr, s in zip(futures, member_lrs, member_seeds):

@@ -131,7 +131,8 @@ def test_fit_on_padded_sequences_clips_each_member_on_its_own():
 FIT_LM = dict(steps=12, batch_size=4, block_size=16, eval_every=5, warmup=3)
 
 
-@pytest.mark.parametrize("options", [dict(), dict(record_logits=True, z_loss=1e-2)], ids=["plain", "recorded"])
+@pytest.mark.parametrize("options", [dict(), dict(record_logits=True, z_loss=1e-2), dict(optimizer="radam")],
+                         ids=["plain", "recorded", "radam"])
 def test_fit_lm_trains_each_member_as_train_fit_lm_trains_it_alone(options):
     seed_list, lrs = [0, 1, 0], [3e-3, 1e-3, 1e-3]  # seed 0 twice: one start at two learning rates
     results = seeds.runs(_gpt, seed_list, train_ids=CORPUS.train, val_ids=CORPUS.val, lr=lrs, **FIT_LM, **options)
@@ -203,3 +204,17 @@ def test_bad_input_is_refused_with_the_reason():
         seeds.fit(stacked, d, d, epochs=1, lr=[0.1, 0.2], batch_size=2, seeds=[0, 1, 2])
     with pytest.raises(ValueError, match="idx must be an int64 tensor of shape \\(S, B, T\\)"):
         seeds.stack(_plain(_gpt))(torch.zeros(4, 16, dtype=torch.long))
+
+
+def test_a_dyt_recipe_gpt_stacks_with_its_embedding_scale_and_per_site_alphas():
+    cfg = dict(vocab_size=CORPUS.vocab_size, block_size=16, n_layer=2, n_head=2, d_model=16, norm="dyt", bias=False,
+               embed_scale=True, dyt_alpha=(0.8, 0.2, 0.3), final_norm="layernorm")
+    make = lambda: TinyGPT(GPTConfig(**cfg))  # noqa: E731
+    results = seeds.runs(make, [0, 1], train_ids=CORPUS.train, val_ids=CORPUS.val, lr=3e-3, **FIT_LM)
+    for seed, (trained, h) in zip([0, 1], results):
+        utils.seed_everything(seed)
+        alone = make()
+        history = train.fit_lm(alone, CORPUS.train, CORPUS.val, lr=3e-3, seed=seed, **FIT_LM)
+        np.testing.assert_allclose(h.step_loss, history.step_loss, rtol=1e-5)
+        torch.testing.assert_close(trained.embed_scale, alone.embed_scale, rtol=1e-5, atol=1e-6)
+        assert trained.embed_scale.item() != 4.0  # it learned, from sqrt(16)

@@ -6,8 +6,8 @@ import torch
 from lnbook import data, train
 import math
 
-from lnbook.norms import RMSNorm
-from lnbook.transformer import PRESETS, Block, GPTConfig, TinyGPT, TinyViT, block_grad_norms, preset
+from lnbook.norms import DyT, RMSNorm
+from lnbook.transformer import PRESETS, PUBLISHED_INIT, Block, GPTConfig, TinyGPT, TinyViT, block_grad_norms, preset
 
 VOCAB = 11
 
@@ -95,7 +95,12 @@ def test_final_norm_head_tying_generate_and_grad_norms():
         ({"norm_position": "middle"}, ValueError, "norm_position must be one of"),
         ({"n_layer": 0}, ValueError, "n_layer must be a positive int"),
         ({"dropout": 1.0}, ValueError, "dropout must be a number in"),
-        ({"final_norm": "yes"}, TypeError, "final_norm must be a bool"),
+        ({"final_norm": "yes"}, ValueError, "norm must be one of"),
+        ({"final_norm": 1}, TypeError, "final_norm must be True, False or a norm name"),
+        ({"dyt_alpha": (0.5, 0.5)}, ValueError, "dyt_alpha must be one number or three"),
+        ({"dyt_alpha": -1.0}, ValueError, "dyt_alpha must be a positive number"),
+        ({"embed_scale": 1}, TypeError, "embed_scale must be a bool"),
+        ({"embed_norm": "yes"}, TypeError, "embed_norm must be a bool"),
         ({"init": "kaiming"}, ValueError, "init must be one of"),
         ({"bias": 0}, TypeError, "bias must be a bool"),
     ],
@@ -151,7 +156,7 @@ def _block_wiring(m: TinyGPT) -> tuple[type, str, type, bool, bool]:
     "name, wiring",
     [  # the chapter 06 table: norm, position, final norm, biases, causal attention
         ("transformer", (torch.nn.LayerNorm, "post", torch.nn.Identity, True, True)),
-        ("bert", (torch.nn.LayerNorm, "post", torch.nn.Identity, True, False)),
+        ("bert", (torch.nn.LayerNorm, "post", torch.nn.Identity, True, False)),  # and the embedding norm, below
         ("gpt2", (torch.nn.LayerNorm, "pre", torch.nn.LayerNorm, True, True)),
         ("t5", (RMSNorm, "pre", RMSNorm, False, True)),
         ("llama", (RMSNorm, "pre", RMSNorm, False, True)),
@@ -167,6 +172,49 @@ def test_presets_build_the_famous_models_norm_wiring(name, wiring):
         torch.testing.assert_close(n(x), x / x.pow(2).mean(-1, keepdim=True).add(n.eps).sqrt(), rtol=1e-12, atol=1e-12)
         assert [k for k, _ in n.named_parameters()] == ["weight"]
     assert m(torch.randint(VOCAB, (2, 7))).shape == (2, 7, VOCAB)
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_each_preset_has_its_models_embedding_norm_and_initialization(name):
+    """BERT normalizes the summed embeddings (its embedding LayerNorm) and initializes every weight
+    truncated normal at 0.02 with no depth scaling; the others have no embedding norm; a preset's
+    init is its model's own where PUBLISHED_INIT names one of ours, and GPT-2's otherwise."""
+    torch.manual_seed(0)
+    cfg = preset(name, 50, 16, n_layer=8, n_head=4, d_model=64)
+    m = TinyGPT(cfg)
+    assert hasattr(m, "norm_e") == (name == "bert")
+    assert cfg.init == (PUBLISHED_INIT[name] or "gpt2")
+    proj = torch.cat([b.attn.proj.weight.flatten() for b in m.blocks])
+    std = {"bert": 0.02 * 0.8796, "gpt2": 0.02 / math.sqrt(16), "xavier": math.sqrt(2 / 128)}[cfg.init]
+    assert abs(proj.std().item() / std - 1) < 0.05  # truncated at 2 std: 0.88 of the untruncated std
+    if name == "bert":
+        assert isinstance(m.norm_e.norm, torch.nn.LayerNorm)
+        weights = [p for n, p in m.named_parameters() if p.ndim == 2]
+        assert all(p.abs().max().item() <= 0.04 for p in weights)  # cut at two standard deviations
+        x = m.tok(torch.arange(5)) + m.pos(torch.arange(5))
+        seen = []
+        hook = m.blocks[0].register_forward_pre_hook(lambda mod, args: seen.append(args[0]))
+        m(torch.arange(5)[None])
+        hook.remove()
+        torch.testing.assert_close(seen[0][0], torch.nn.functional.layer_norm(x, (64,), m.norm_e.norm.weight, m.norm_e.norm.bias))
+
+
+def test_final_norm_by_name_dyt_alphas_per_site_and_the_embedding_scale():
+    m = model(norm="dyt", final_norm="layernorm", dyt_alpha=(0.8, 0.2, 0.3), bias=False, embed_scale=True)
+    assert isinstance(m.norm_f.norm, torch.nn.LayerNorm) and m.norm_f.norm.bias is None
+    assert [(b.norm1.norm.alpha.item(), b.norm2.norm.alpha.item()) for b in m.blocks] == [pytest.approx((0.8, 0.2))] * 2
+    assert all(b.norm1.norm.bias is None for b in m.blocks)  # bias=False: DyT without its bias, as Zhu et al.'s LLaMA
+    assert m.embed_scale.item() == 4.0  # sqrt(d_model = 16)
+    idx = torch.randint(VOCAB, (2, 5))
+    seen = []
+    hook = m.blocks[0].register_forward_pre_hook(lambda mod, args: seen.append(args[0]))
+    m(idx)
+    hook.remove()
+    torch.testing.assert_close(seen[0], 4.0 * m.tok(idx) + m.pos(torch.arange(5)))
+    final_dyt = model(norm="layernorm", final_norm="dyt", dyt_alpha=(0.5, 0.5, 35.0))
+    assert isinstance(final_dyt.norm_f.norm, DyT) and final_dyt.norm_f.norm.alpha.item() == pytest.approx(35.0)
+    assert isinstance(final_dyt.blocks[0].norm1.norm, torch.nn.LayerNorm)
+    assert isinstance(model(final_norm=False).norm_f.norm, torch.nn.Identity)
 
 
 def test_preset_overrides_and_rejects_unknown_names():

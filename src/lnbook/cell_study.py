@@ -11,7 +11,6 @@ chapter can score it both ways and never confuse the estimate with the norm.
 from __future__ import annotations
 
 import copy
-import csv
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from . import rnn, train
 from ._checks import check_int, check_number, check_positive_int, describe
 from .data import Dataset
 from .norms import TimeStepBatchNorm, apply_norm
+from .utils import stored_rows
 
 
 def grid(lrs: Sequence[float], seeds: Sequence[int]) -> tuple[list[int], list[float]]:
@@ -197,32 +197,14 @@ class StoredCharLM:
     curves: dict[tuple[str, float], np.ndarray]
 
 
-def _stored_rows(folder, name: str, columns: list[str], script: str) -> tuple[list[str], list[dict[str, str]]]:
-    """One file of a stored run that ``benchmarks/<script>`` writes: (its provenance lines, its
-    rows), checked for its columns."""
-    file = folder / name
-    if not file.is_file():
-        raise FileNotFoundError(f"{file} is missing: benchmarks/{script} writes it (with --out for another folder)")
-    lines = file.read_text().splitlines()
-    head = [line[2:] for line in lines if line.startswith("# ")]
-    body = [line for line in lines if line and not line.startswith("#")]
-    if not head or not body or body[0].split(",") != columns:
-        raise ValueError(f"{file} is malformed: expected '# ' provenance lines, then the columns {','.join(columns)}, "
-                         f"got {body[0] if body else 'no table'!r}")
-    rows = list(csv.DictReader(body))
-    if len(rows) < 1 or any(None in r or None in r.values() for r in rows):
-        raise ValueError(f"{file} is malformed: every row must hold the {len(columns)} columns {','.join(columns)}")
-    return head, rows
-
-
 def stored_char_lm(path: str | Path | None = None) -> StoredCharLM:
     """The stored run of ``benchmarks/char_lm.py`` (``char_lm-curves.csv`` and
     ``char_lm-final.csv``) from the folder ``path``, by default ``lnbook/results/`` as installed
     with the package (so it reads from any working directory, Colab included). Raises
     FileNotFoundError for a missing file and ValueError for a malformed or inconsistent one."""
     folder = resources.files("lnbook") / "results" if path is None else Path(path)
-    provenance, curve_rows = _stored_rows(folder, "char_lm-curves.csv", _CURVE_COLUMNS, "char_lm.py")
-    _, final_rows = _stored_rows(folder, "char_lm-final.csv", _FINAL_COLUMNS, "char_lm.py")
+    provenance, curve_rows = stored_rows(folder, "char_lm-curves.csv", _CURVE_COLUMNS, "char_lm.py")
+    _, final_rows = stored_rows(folder, "char_lm-final.csv", _FINAL_COLUMNS, "char_lm.py")
     try:
         final = {(r["arm"], float(r["lr"]), int(r["seed"])): r for r in final_rows}
         curve = {(r["arm"], float(r["lr"]), int(r["seed"]), int(r["step"])): float(r["val_loss"]) for r in curve_rows}
@@ -299,8 +281,8 @@ def stored_digits_long(path: str | Path | None = None) -> StoredDigitsLong:
     installed with the package. Raises FileNotFoundError for a missing file and ValueError for a
     malformed or inconsistent one."""
     folder = resources.files("lnbook") / "results" if path is None else Path(path)
-    provenance, curve_rows = _stored_rows(folder, "digits_long-curves.csv", _DIGITS_CURVE_COLUMNS, "digits_long.py")
-    _, final_rows = _stored_rows(folder, "digits_long-final.csv", _DIGITS_FINAL_COLUMNS, "digits_long.py")
+    provenance, curve_rows = stored_rows(folder, "digits_long-curves.csv", _DIGITS_CURVE_COLUMNS, "digits_long.py")
+    _, final_rows = stored_rows(folder, "digits_long-final.csv", _DIGITS_FINAL_COLUMNS, "digits_long.py")
     try:
         final = {(r["task"], r["arm"], float(r["lr"]), int(r["seed"])): r for r in final_rows}
         curve = {(r["task"], r["arm"], float(r["lr"]), int(r["seed"]), int(r["epoch"])): float(r["val_acc"])

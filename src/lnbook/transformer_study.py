@@ -24,10 +24,9 @@ from torch import nn
 
 from . import train
 from ._checks import check_int, check_positive_int, describe
-from .cell_study import _stored_rows
 from .norms import DyT, batch_statistics
 from .transformer import GPTConfig, TinyGPT, block_grad_norms
-from .utils import seed_everything
+from .utils import seed_everything, stored_rows
 
 
 class Frequencies(nn.Module):
@@ -148,16 +147,23 @@ def _check_batch_norm(model: nn.Module) -> None:
 
 
 def lm_loss_batch_statistics(model: nn.Module, ids: torch.Tensor, block_size: int, batches: int = 4,
-                             batch_size: int = 32) -> float:
+                             batch_size: int = 32, group: int | None = None) -> float:
     """:func:`lnbook.train.lm_loss`'s windows scored in training mode: every batch norm uses
-    the statistics of the scored batch, over every position, later ones included (the leak a
-    causal mask does not stop). Weights and running statistics are left as they were."""
+    the statistics of the windows scored together, over every position, later ones included
+    (the leak a causal mask does not stop), ``group`` windows at a time (the training batch
+    size, say; None: each batch of ``batch_size``, which ``group`` must divide). Weights and
+    running statistics are left as they were."""
     _check_batch_norm(model)
+    group = batch_size if group is None else check_positive_int(group, "group")
+    if batch_size % group:
+        raise ValueError(f"group must divide batch_size ({batch_size}), got {group}")
     model = copy.deepcopy(model).train()
     starts = torch.randint(len(ids) - block_size, (batches, batch_size), generator=torch.Generator().manual_seed(0))
     device = next(model.parameters()).device
     with torch.no_grad():
-        return sum(float(model.loss(*(t.to(device) for t in train.windows(ids, s, block_size)))) for s in starts) / batches
+        losses = [float(model.loss(*(t.to(device) for t in train.windows(ids, part, block_size))))
+                  for s in starts for part in s.split(group)]
+    return sum(losses) / len(losses)
 
 
 def with_population_statistics(model: nn.Module, ids: torch.Tensor, block_size: int, batches: int = 32,
@@ -186,8 +192,8 @@ def with_population_statistics(model: nn.Module, ids: torch.Tensor, block_size: 
 
 # The stored run of benchmarks/tiny_gpt.py, read here so that chapter 06 need not train it.
 TINY_GPT_STUDIES = ("warmup", "norms", "mlm", "batchnorm")
-_CURVE_COLUMNS = ["study", "arm", "lr", "seed", "step", "val_loss"]
-_FINAL_COLUMNS = ["study", "arm", "lr", "seed", "val_loss", "test_loss", "stream_std", "final_alpha",
+TINY_GPT_CURVE_COLUMNS = ["study", "arm", "lr", "seed", "step", "val_loss"]
+TINY_GPT_FINAL_COLUMNS = ["study", "arm", "lr", "seed", "val_loss", "test_loss", "stream_std", "final_alpha",
                   "test_loss_batch", "test_loss_population"]
 
 
@@ -233,8 +239,8 @@ def stored_tiny_gpt(path: str | Path | None = None) -> StoredTinyGPT:
     installed with the package. Raises FileNotFoundError for a missing file and ValueError for
     a malformed or inconsistent one."""
     folder = resources.files("lnbook") / "results" if path is None else Path(path)
-    provenance, curve_rows = _stored_rows(folder, "tiny_gpt-curves.csv", _CURVE_COLUMNS, "tiny_gpt.py")
-    _, final_rows = _stored_rows(folder, "tiny_gpt-final.csv", _FINAL_COLUMNS, "tiny_gpt.py")
+    provenance, curve_rows = stored_rows(folder, "tiny_gpt-curves.csv", TINY_GPT_CURVE_COLUMNS, "tiny_gpt.py")
+    _, final_rows = stored_rows(folder, "tiny_gpt-final.csv", TINY_GPT_FINAL_COLUMNS, "tiny_gpt.py")
     final: dict[tuple[str, str, float, int], dict[str, str]] = {}
     for r in final_rows:
         if r["study"] not in TINY_GPT_STUDIES:

@@ -1,14 +1,20 @@
-"""Seeding, device choice, and showing source and result tables in a notebook."""
+"""Seeding, device choice, showing source and result tables in a notebook, and reading a stored result file."""
 
 from __future__ import annotations
 
+import csv
 import inspect
 import random
 import textwrap
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
 
 
 def seed_everything(seed: int) -> None:
@@ -111,3 +117,21 @@ def show_source(obj: object) -> Source:
             f"got {type(obj).__name__}"
         ) from None
     return Source(textwrap.dedent(code))
+
+
+def stored_rows(folder: Path | Traversable, name: str, columns: list[str], script: str) -> tuple[list[str], list[dict[str, str]]]:
+    """One file of a stored run that ``benchmarks/<script>`` writes: (its provenance lines, its
+    rows), checked for its columns."""
+    file = folder / name
+    if not file.is_file():
+        raise FileNotFoundError(f"{file} is missing: benchmarks/{script} writes it (with --out for another folder)")
+    lines = file.read_text().splitlines()
+    head = [line[2:] for line in lines if line.startswith("# ")]
+    body = [line for line in lines if line and not line.startswith("#")]
+    if not head or not body or body[0].split(",") != columns:
+        raise ValueError(f"{file} is malformed: expected '# ' provenance lines, then the columns {','.join(columns)}, "
+                         f"got {body[0] if body else 'no table'!r}")
+    rows = list(csv.DictReader(body))
+    if len(rows) < 1 or any(None in r or None in r.values() for r in rows):
+        raise ValueError(f"{file} is malformed: every row must hold the {len(columns)} columns {','.join(columns)}")
+    return head, rows
