@@ -58,18 +58,20 @@ from lnbook.transformer import GPTConfig, TinyGPT, preset
 SIZE, BLOCK, SCORE_BATCHES = dict(n_layer=4, n_head=4, d_model=64), 32, 8
 MLM = dict(min_len=8, mask_rate=0.3)
 POST, PRE = dict(norm_position="post", final_norm=False), dict(norm_position="pre", final_norm=True)
-LLAMA = dict(norm="rmsnorm", bias=False)
-DYT_RECIPE = dict(norm="dyt", bias=False, embed_scale=True)
+LLAMA = dict(norm="rmsnorm", bias=False, tie_head=False)  # LLaMA's head is its own
+DYT_RECIPE = dict(norm="dyt", bias=False, embed_scale=True, tie_head=False)
 STUDIES = {
     "warmup": dict(lrs=[1e-3, 3e-3, 1e-2, 3e-2], batch_size=8, grad_clip=None, arms={
         f"{name}{label}": ({**wiring, "init": "xavier"}, fit)
         for name, wiring in (("Post-LN", POST), ("Pre-LN", PRE))
-        for label, fit in (("", {}), (" + warm-up", {"warmup": 100}), (" + RAdam", {"optimizer": "radam"}))}),
+        for label, fit in (("", {}), (" + warm-up", {"warmup": 100}), (" + RAdam", {"optimizer": "radam"}),
+                           (" + RAdam's step sizes", {"warmup": train.radam_factor}))}),
     "norms": dict(lrs=[1e-3, 3e-3, 1e-2], batch_size=16, grad_clip=1.0, arms={
         "LayerNorm": (dict(norm="layernorm"), {"warmup": 50}),
         "RMSNorm": (dict(norm="rmsnorm"), {"warmup": 50}),
         "no norm": (dict(norm="none"), {"warmup": 50}),
         "DyT": (dict(norm="dyt"), {"warmup": 50}),
+        "DyT + own head": (dict(norm="dyt", tie_head=False), {"warmup": 50}),
         "DyT blocks + LayerNorm final": (dict(norm="dyt", final_norm="layernorm"), {"warmup": 50}),
         "DyT blocks + no final norm": (dict(norm="dyt", final_norm=False), {"warmup": 50}),
         "LayerNorm blocks + DyT final": (dict(norm="layernorm", final_norm="dyt"), {"warmup": 50}),
@@ -94,7 +96,8 @@ def make(study: str, settings: dict, vocab_size: int) -> TinyGPT:
 
 
 def scores(study: str, model: TinyGPT, val_ids: torch.Tensor, test_ids: torch.Tensor, corpus: data.CharCorpus) -> list[float]:
-    """val_loss, test_loss, stream_std, final_alpha, test_loss_batch, test_loss_population of one trained member."""
+    """val_loss, test_loss, stream_std, final_alpha, test_loss_batch, test_loss_foreign, test_loss_population of one
+    trained member."""
     if study == "mlm":
         loss = lambda ids: train.mlm_loss(model, ids, BLOCK, corpus.vocab_size, **MLM, batches=SCORE_BATCHES)  # noqa: E731
     else:
@@ -102,12 +105,13 @@ def scores(study: str, model: TinyGPT, val_ids: torch.Tensor, test_ids: torch.Te
     first = torch.randint(len(test_ids) - BLOCK, (32,), generator=torch.Generator().manual_seed(0))
     idx = train.windows(test_ids, first, BLOCK)[0]
     alpha = model.norm_f.norm.alpha.item() if isinstance(model.norm_f.norm, DyT) else math.nan
-    row = [loss(val_ids), loss(test_ids), transformer_study.head_input_std(model, idx), alpha, math.nan, math.nan]
+    row = [loss(val_ids), loss(test_ids), transformer_study.head_input_std(model, idx), alpha, math.nan, math.nan, math.nan]
     if study == "batchnorm":
-        row[4] = transformer_study.lm_loss_batch_statistics(model, test_ids, BLOCK, batches=SCORE_BATCHES,
-                                                            group=STUDIES[study]["batch_size"])
+        group = STUDIES[study]["batch_size"]
+        row[4] = transformer_study.lm_loss_batch_statistics(model, test_ids, BLOCK, batches=SCORE_BATCHES, group=group)
+        row[5] = transformer_study.lm_loss_foreign_statistics(model, test_ids, BLOCK, batches=SCORE_BATCHES, group=group)
         population = transformer_study.with_population_statistics(model, corpus.train, BLOCK)
-        row[5] = train.lm_loss(population, test_ids, BLOCK, batches=SCORE_BATCHES)
+        row[6] = train.lm_loss(population, test_ids, BLOCK, batches=SCORE_BATCHES)
     return row
 
 
@@ -118,6 +122,9 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=25)
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--arms", nargs="+", help="only these arms of the studies (default: all)")
+    parser.add_argument("--merge", action="store_true",
+                        help="replace these arms' rows in the files already in --out, keeping the others")
     args = parser.parse_args()
     if args.steps < 1 or args.every < 1 or args.steps % args.every:
         parser.error("--steps and --every must be positive, and --steps a multiple of --every")
@@ -138,6 +145,8 @@ def main() -> None:
         spec = STUDIES[study]
         member_seeds, member_lrs = cell_study.grid(spec["lrs"], range(args.seeds))
         for arm, (settings, fit_args) in spec["arms"].items():
+            if args.arms and arm not in args.arms:
+                continue
             options = dict(train_ids=corpus.train, val_ids=val_ids, steps=args.steps, lr=member_lrs, block_size=BLOCK,
                            batch_size=spec["batch_size"], grad_clip=spec["grad_clip"], eval_every=args.every, **fit_args)
             if study == "mlm":
@@ -152,11 +161,31 @@ def main() -> None:
         for future, lr, s in zip(futures, member_lrs, member_seeds):
             model, hist = future.result()
             curves += [f"{study},{arm},{lr},{s},{step},{loss:.6f}" for step, loss in zip(hist.val_steps, hist.val_loss)]
-            row = [math.nan] * 6 if hist.diverged else scores(study, model, val_ids, test_ids, corpus)
+            row = [math.nan] * 7 if hist.diverged else scores(study, model, val_ids, test_ids, corpus)
             final.append(f"{study},{arm},{lr},{s}," + ",".join("" if math.isnan(v) and i > 1 else f"{v:.6f}"
                                                                  for i, v in enumerate(row)))
         print(f"{study}, {arm}: done at {time.perf_counter() - start:.0f} s", flush=True)
+    if args.merge:  # each arm is its own job, so its rows do not depend on which others ran with it
+        head, curves, final = merged(args.out, head, curves, final, {(q[0], q[1]) for q in queued})
     write_tables(args.out, head, {"tiny_gpt-curves.csv": curves, "tiny_gpt-final.csv": final})
+
+
+def merged(out: Path, head: list[str], curves: list[str], final: list[str], rerun: set[tuple[str, str]]):
+    """The stored files in ``out`` with the rows of the ``rerun`` (study, arm) pairs replaced by the new ones;
+    the stored provenance first, then this run's, marked as a rerun of those arms."""
+    tables = []
+    for name, new in (("tiny_gpt-curves.csv", curves), ("tiny_gpt-final.csv", final)):
+        lines = (out / name).read_text().splitlines()
+        old_head = [line[2:] for line in lines if line.startswith("# ")]
+        columns, *rows = [line for line in lines if line and not line.startswith("#")]
+        if columns != new[0]:  # a column added since: empty in the kept rows
+            added = [c for c in new[0].split(",") if c not in columns.split(",")]
+            rows = [",".join(dict(zip(columns.split(","), r.split(","))).get(c, "") for c in new[0].split(",")) for r in rows]
+            print(f"{name}: added the empty column(s) {added} to the kept rows")
+        kept = [r for r in rows if tuple(r.split(",")[:2]) not in rerun]
+        tables.append([new[0], *kept, *new[1:]])
+    arms = "; ".join(f"{s}: {a}" for s, a in sorted(rerun))
+    return old_head + [f"rerun of {arms}:"] + head, tables[0], tables[1]
 
 
 if __name__ == "__main__":

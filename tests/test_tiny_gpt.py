@@ -33,7 +33,7 @@ def test_smoke_run_writes_both_files_with_provenance_and_every_arm(smoke):
     assert any("4 steps" in line and "seeds 0-1" in line for line in run.provenance)
     assert run.seeds == [0, 1] and set(run.arms) == set(STUDIES)
     assert run.lrs["norms"] == [0.001, 0.003, 0.01] and run.steps["norms"] == [2, 4]
-    assert len(run.arms["norms"]) == 11 and run.arms["batchnorm"] == ["BatchNorm"]
+    assert len(run.arms["norms"]) == 12 and run.arms["batchnorm"] == ["BatchNorm"]
     for key, loss in run.test.items():
         assert ((0 < loss) & (loss < top)).all(), key
         assert run.curves[key].shape == (2, 2) and np.isfinite(run.curves[key]).all()
@@ -70,5 +70,5 @@ def test_the_reader_rejects_missing_and_malformed_files(smoke, tmp_path):
 def test_the_shipped_run_is_complete():
     run = transformer_study.stored_tiny_gpt()
     assert len(run.seeds) == 10 and set(run.arms) == set(transformer_study.TINY_GPT_STUDIES)
-    assert run.steps["norms"][-1] == 300 and len(run.arms["warmup"]) == 6 and len(run.arms["mlm"]) == 3
+    assert run.steps["norms"][-1] == 300 and len(run.arms["warmup"]) == 8 and len(run.arms["mlm"]) == 3
     assert all(v.shape == (10,) for v in run.test.values())

@@ -183,7 +183,8 @@ def test_each_preset_has_its_models_embedding_norm_and_initialization(name):
     cfg = preset(name, 50, 16, n_layer=8, n_head=4, d_model=64)
     m = TinyGPT(cfg)
     assert hasattr(m, "norm_e") == (name == "bert")
-    assert cfg.init == (PUBLISHED_INIT[name] or "gpt2")
+    assert cfg.init == (PUBLISHED_INIT[name] or ("xavier" if name == "transformer" else "gpt2"))
+    assert (m.head.weight is m.tok.weight) == (name != "llama")  # LLaMA's output head is its own
     proj = torch.cat([b.attn.proj.weight.flatten() for b in m.blocks])
     std = {"bert": 0.02 * 0.8796, "gpt2": 0.02 / math.sqrt(16), "xavier": math.sqrt(2 / 128)}[cfg.init]
     assert abs(proj.std().item() / std - 1) < 0.05  # truncated at 2 std: 0.88 of the untruncated std

@@ -31,9 +31,9 @@ def test_frequencies_scores_the_cross_entropy_of_the_unigram_distribution():
 
 def test_wiring_reads_the_built_model():
     assert transformer_study.wiring(TinyGPT(preset("bert", V, BLOCK, n_layer=2, d_model=16))) == [
-        "LayerNorm", "LayerNorm", "post", "—", "yes", "both directions", "bert"]
+        "LayerNorm", "LayerNorm", "post", "—", "yes", "both directions", "bert", "tied"]
     assert transformer_study.wiring(gpt(norm="dyt", final_norm="layernorm", bias=False)) == [
-        "—", "DyT", "pre", "LayerNorm", "no", "causal", "gpt2"]
+        "—", "DyT", "pre", "LayerNorm", "no", "causal", "gpt2", "tied"]
 
 
 def test_untying_the_head_rescales_post_ln_gradients():

@@ -515,7 +515,8 @@ def fit(
 
 def _fit_steps(
     model: nn.Module, batch: Callable[[list[torch.Generator]], tuple[torch.Tensor, ...]],
-    validate: Callable[[], np.ndarray], *, steps: int, lr: float | Sequence[float], seeds: Sequence[int], warmup: int,
+    validate: Callable[[], np.ndarray], *, steps: int, lr: float | Sequence[float], seeds: Sequence[int],
+    warmup: int | Callable[[int], float],
     grad_clip: float | None, eval_every: int, objective: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
     record: Callable[[list[LMHistory], list[int]], None] | None = None, optimizer: str = "adam",
 ) -> list[LMHistory]:
@@ -526,7 +527,11 @@ def _fit_steps(
     s = _stacked(model)
     for name, value in (("steps", steps), ("eval_every", eval_every)):
         check_positive_int(value, name)
-    check_int(warmup, "warmup")
+    if callable(warmup):  # a schedule: step (from 1) -> factor of every learning rate
+        factor = warmup
+    else:
+        check_int(warmup, "warmup")
+        factor = lambda t: min(1.0, t / warmup) if warmup else 1.0  # noqa: E731
     check_choice(optimizer, OPTIMIZERS, "optimizer")
     step = _Optimizer(model, _member_lrs(lr, s), optimizer, grad_clip)
     generators = [torch.Generator().manual_seed(seed) for seed in _check_seeds(seeds, s)]
@@ -542,7 +547,7 @@ def _fit_steps(
         loss, reported = objective(*inputs) if objective is not None else (model.loss(*inputs),) * 2
         if record is not None:
             record(histories, running)
-        step.step(loss, active, min(1.0, t / warmup) if warmup else 1.0)
+        step.step(loss, active, float(factor(t)))
         values = reported.tolist()
         elapsed += time.perf_counter() - start
         for i in running:
@@ -571,7 +576,7 @@ def fit_lm(
     batch_size: int,
     block_size: int,
     seeds: Sequence[int],
-    warmup: int = 0,
+    warmup: int | Callable[[int], float] = 0,
     grad_clip: float | None = 1.0,
     eval_every: int = 50,
     z_loss: float = 0.0,
@@ -581,7 +586,10 @@ def fit_lm(
     """:func:`lnbook.train.fit_lm` for every member of a stacked language model (a
     :class:`~lnbook.transformer.TinyGPT` made by :func:`stack`): member ``s`` draws its windows
     from a generator seeded with ``seeds[s]`` and trains at ``lr[s]`` (``lr``: one number or one
-    per member) with ``optimizer`` (``"adam"`` or ``"radam"``). One :class:`~lnbook.train.LMHistory` per member."""
+    per member) with ``optimizer`` (``"adam"`` or ``"radam"``); ``warmup`` is a number of steps of
+    linear warm-up or a schedule, a picklable function of the step (from 1) that returns the factor
+    of every learning rate (:func:`lnbook.train.radam_factor`, say). One
+    :class:`~lnbook.train.LMHistory` per member."""
     _stacked(model)
     check_streams(train_ids, val_ids, block_size)
     check_positive_int(batch_size, "batch_size")

@@ -91,6 +91,20 @@ def make_optimizer(params: Sequence[torch.Tensor], lr: float, optimizer: str = "
     return (torch.optim.Adam if optimizer == "adam" else torch.optim.RAdam)(params, lr=lr)
 
 
+def radam_factor(step: int, beta2: float = 0.999) -> float:
+    """The factor by which RAdam's rectification scales Adam's step ``step`` (from 1), for
+    ``beta2``: ``r_t = sqrt((rho_t - 4)(rho_t - 2) rho_inf / ((rho_inf - 4)(rho_inf - 2) rho_t))``
+    where the variance is tractable (``rho_t > 5``), else 0 (RAdam then takes an un-adapted
+    momentum step instead). As a learning-rate schedule for Adam it gives RAdam's step sizes
+    without its correction of the direction, the control that tells the two apart."""
+    check_positive_int(step, "step")
+    rho_inf = 2 / (1 - beta2) - 1
+    rho = rho_inf - 2 * step * beta2**step / (1 - beta2**step)
+    if rho <= 5:
+        return 0.0
+    return math.sqrt((rho - 4) * (rho - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho))
+
+
 def prepare(model: nn.Module, lr: float, seed: int, optimizer: str = "adam") -> Run:
     """The start of every training loop: check ``lr``, make the optimizer (:func:`make_optimizer`)
     over the model's parameters, seed torch's global generator (dropout) and a generator for

@@ -47,7 +47,8 @@ class GPTConfig:
     a learnable scalar that starts at ``sqrt(d_model)`` (Zhu et al.'s DyT LLaMA recipe).
     ``dyt_alpha``: DyT's initial ``alpha``, one number for every site or three, for the norms
     before attention, before the MLP, and the final norm (Post-LN: after attention, after the
-    MLP). ``causal``: each
+    MLP). ``tie_head``: the output head shares the token embedding's weights (GPT-2, BERT);
+    False, it has its own, initialized as every other weight matrix (LLaMA). ``causal``: each
     token attends to itself and the tokens before it (a decoder); ``False``: to every token
     (an encoder, as over an image's patches). ``bias``: the linear layers and the LayerNorms
     have biases (``False``: none, as in T5 and LLaMA; RMSNorm never has one).
@@ -86,6 +87,7 @@ class GPTConfig:
     deepnorm: bool = False
     embed_norm: bool = False
     embed_scale: bool = False
+    tie_head: bool = True
     dyt_alpha: float | tuple[float, float, float] = 0.5
 
     def __post_init__(self) -> None:
@@ -102,6 +104,7 @@ class GPTConfig:
             check_norm(self.final_norm, NORMS)
         check_bool(self.embed_norm, "embed_norm")
         check_bool(self.embed_scale, "embed_scale")
+        check_bool(self.tie_head, "tie_head")
         alphas = self.dyt_alpha if isinstance(self.dyt_alpha, tuple) else (self.dyt_alpha,) * 3
         if len(alphas) != 3:
             raise ValueError(f"dyt_alpha must be one number or three (attention, MLP, final), got {describe(self.dyt_alpha)}")
@@ -118,17 +121,18 @@ class GPTConfig:
 
 PRESETS: dict[str, dict] = {
     # The original Transformer's Post-LN blocks with no final norm, with the Xavier
-    # initialization Xiong et al. analyse.
+    # initialization Xiong et al. analyse (the paper states none).
     "transformer": dict(norm="layernorm", norm_position="post", final_norm=False, init="xavier"),
     # BERT: an encoder (causal=False), Post-LN with no final norm, a LayerNorm over the summed
     # embeddings, every weight truncated normal with standard deviation 0.02.
     "bert": dict(norm="layernorm", norm_position="post", final_norm=False, causal=False, embed_norm=True, init="bert"),
     # GPT-2: Pre-LN plus a final LayerNorm (ln_f), its depth-scaled initialization.
     "gpt2": dict(norm="layernorm", norm_position="pre", final_norm=True, init="gpt2"),
-    # T5 and LLaMA: Pre-norm RMSNorm (no mean subtraction, no bias), a final norm, no biases.
+    # T5 and LLaMA: Pre-norm RMSNorm (no mean subtraction, no bias), a final norm, no biases;
+    # LLaMA's output head is its own, T5's (v1.0) shares the embedding.
     # Their initializations are not modelled: GPT-2's (see PUBLISHED_INIT).
     "t5": dict(norm="rmsnorm", norm_position="pre", final_norm=True, bias=False),
-    "llama": dict(norm="rmsnorm", norm_position="pre", final_norm=True, bias=False),
+    "llama": dict(norm="rmsnorm", norm_position="pre", final_norm=True, bias=False, tie_head=False),
 }
 """The norm wiring of famous models, as :class:`GPTConfig` settings: norm, its position, the
 final norm, an embedding norm, biases, attention direction, and the initialization where the
@@ -137,14 +141,14 @@ encodings and encoder-decoder structure (the original Transformer, T5) are not m
 decoder-only presets are causal."""
 
 PUBLISHED_INIT: dict[str, str | None] = {
-    "transformer": "xavier",  # Xiong et al.'s reading of it; Vaswani et al. do not state one
+    "transformer": None,  # Vaswani et al. state none; the preset uses Xavier, Xiong et al.'s reading
     "bert": "bert",  # truncated normal, 0.02
     "gpt2": "gpt2",  # normal 0.02, residual projections / sqrt(2 L)
     "t5": None,  # Mesh TensorFlow's fan-in scaled normal, not modelled
     "llama": None,  # the paper states none
 }
-"""Each preset's model's own initialization, where it is one of :data:`INITS` (None: not
-modelled, and the preset uses GPT-2's)."""
+"""Each preset's model's own initialization, where it is one of :data:`INITS` (None: not stated
+or not modelled; the preset uses Xiong et al.'s Xavier for the Transformer, GPT-2's otherwise)."""
 
 
 def preset(name: str, vocab_size: int, block_size: int, **settings) -> GPTConfig:
@@ -288,7 +292,8 @@ class TinyGPT(nn.Module):
         final = cfg.norm if cfg.final_norm is True else cfg.final_norm or "none"
         self.norm_f = Norm(final, cfg.d_model, cfg.bias, dyt_alphas(cfg)[2])
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.head.weight = self.tok.weight  # weight tying, as GPT-2
+        if cfg.tie_head:
+            self.head.weight = self.tok.weight  # weight tying, as GPT-2
         for name, p in self.named_parameters():
             if name.endswith("bias") and (".attn." in name or ".mlp." in name):
                 nn.init.zeros_(p)

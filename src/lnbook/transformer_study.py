@@ -46,11 +46,12 @@ class Frequencies(nn.Module):
 
 def wiring(model: TinyGPT) -> list[str]:
     """What a built TinyGPT contains: embedding norm, block norm, position, final norm, biases,
-    attention, init."""
+    attention, init, and whether the head is tied to the token embedding."""
     names = lambda norm: type(norm.norm).__name__.replace("Identity", "—")  # noqa: E731
     biases = any(name.endswith("bias") for name, _ in model.named_parameters())
     return [names(model.norm_e) if hasattr(model, "norm_e") else "—", names(model.blocks[0].norm1), model.cfg.norm_position,
-            names(model.norm_f), "yes" if biases else "no", "causal" if model.cfg.causal else "both directions", model.cfg.init]
+            names(model.norm_f), "yes" if biases else "no", "causal" if model.cfg.causal else "both directions", model.cfg.init,
+            "tied" if model.head.weight is model.tok.weight else "own"]
 
 
 def untie_head(model: TinyGPT, std: float) -> TinyGPT:
@@ -166,6 +167,32 @@ def lm_loss_batch_statistics(model: nn.Module, ids: torch.Tensor, block_size: in
     return sum(losses) / len(losses)
 
 
+def lm_loss_foreign_statistics(model: nn.Module, ids: torch.Tensor, block_size: int, batches: int = 4,
+                               batch_size: int = 32, group: int | None = None) -> float:
+    """:func:`lm_loss_batch_statistics`'s windows, each group of ``group`` normalized with the
+    batch statistics of the next group (the last with the first's): statistics as noisy as its
+    own, with no information from the scored windows, so no leak. The difference from
+    :func:`lm_loss_batch_statistics` is what a model gains from its own batch's statistics."""
+    _check_batch_norm(model)
+    group = batch_size if group is None else check_positive_int(group, "group")
+    if batch_size % group:
+        raise ValueError(f"group must divide batch_size ({batch_size}), got {group}")
+    model = copy.deepcopy(model)
+    norms = [m for m in model.modules() if hasattr(m, "running_mean") and hasattr(m, "momentum")]
+    starts = torch.randint(len(ids) - block_size, (batches, batch_size), generator=torch.Generator().manual_seed(0))
+    parts = [part for s in starts for part in s.split(group)]
+    device = next(model.parameters()).device
+    for m in norms:
+        m.momentum = 1.0  # a training-mode pass leaves exactly its batch's statistics in the running buffers
+    losses = []
+    with torch.no_grad():
+        for i, part in enumerate(parts):
+            donor = train.windows(ids, parts[(i + 1) % len(parts)], block_size)[0].to(device)
+            model.train()(donor)
+            losses.append(float(model.eval().loss(*(t.to(device) for t in train.windows(ids, part, block_size)))))
+    return sum(losses) / len(losses)
+
+
 def with_population_statistics(model: nn.Module, ids: torch.Tensor, block_size: int, batches: int = 32,
                                batch_size: int = 32) -> nn.Module:
     """A copy of ``model`` whose batch norms hold population statistics: the running mean and
@@ -194,7 +221,7 @@ def with_population_statistics(model: nn.Module, ids: torch.Tensor, block_size: 
 TINY_GPT_STUDIES = ("warmup", "norms", "mlm", "batchnorm")
 TINY_GPT_CURVE_COLUMNS = ["study", "arm", "lr", "seed", "step", "val_loss"]
 TINY_GPT_FINAL_COLUMNS = ["study", "arm", "lr", "seed", "val_loss", "test_loss", "stream_std", "final_alpha",
-                  "test_loss_batch", "test_loss_population"]
+                  "test_loss_batch", "test_loss_foreign", "test_loss_population"]
 
 
 @dataclass(frozen=True)
@@ -203,9 +230,10 @@ class StoredTinyGPT:
     :data:`TINY_GPT_STUDIES`), seeds ascending (``seeds``): ``val`` and ``test``, the loss after
     the last step on the validation and test windows ``(S,)``; ``stream_std``, the standard
     deviation of the stream entering the final norm at the end; ``final_alpha``, the final
-    DyT's alpha at the end; ``test_batch`` and ``test_population``, a batch-norm model's test
-    loss in training mode and with population statistics (each ``(S,)``, ``nan`` where it does
-    not apply); ``curves``, the validation loss at every step of ``steps[study]`` ``(S, E)``.
+    DyT's alpha at the end; ``test_batch``, ``test_foreign`` and ``test_population``, a
+    batch-norm model's test loss in training mode (its own batch's statistics), with another
+    batch's statistics, and with population statistics (each ``(S,)``, ``nan`` where it does not
+    apply); ``curves``, the validation loss at every step of ``steps[study]`` ``(S, E)``.
     A diverged member's losses are ``nan``. ``arms[study]`` and ``lrs[study]`` list what was run;
     ``provenance``: machine, commit, date, command, setting."""
 
@@ -219,6 +247,7 @@ class StoredTinyGPT:
     stream_std: dict[tuple[str, str, float], np.ndarray]
     final_alpha: dict[tuple[str, str, float], np.ndarray]
     test_batch: dict[tuple[str, str, float], np.ndarray]
+    test_foreign: dict[tuple[str, str, float], np.ndarray]
     test_population: dict[tuple[str, str, float], np.ndarray]
     curves: dict[tuple[str, str, float], np.ndarray]
 
@@ -274,5 +303,6 @@ def stored_tiny_gpt(path: str | Path | None = None) -> StoredTinyGPT:
     return StoredTinyGPT(
         provenance=provenance, seeds=seeds, arms=arms, lrs=lrs, steps=steps, val=val, test=test,
         stream_std=column("stream_std"), final_alpha=column("final_alpha"), test_batch=column("test_loss_batch"),
+        test_foreign=column("test_loss_foreign"),
         test_population=column("test_loss_population"),
         curves={c: np.array([[curve.get((*c, s), {}).get(t, math.nan) for t in steps[c[0]]] for s in seeds]) for c in cells})
