@@ -267,3 +267,20 @@ def test_z_loss_adds_its_gradient_and_pulls_log_z_to_zero():
     _, held = _lm_run(steps=30, record_logits=True, z_loss=1.0)
     assert abs(held.log_z[-1]) < 0.5 * abs(plain.log_z[-1])
     assert held.step_loss[0] == pytest.approx(plain.step_loss[0], rel=1e-6)  # the first step: same model, z-loss not reported
+
+
+def test_radam_factor_is_the_step_size_ratio_of_radam_to_adam():
+    """With a constant gradient, Adam's step is lr and RAdam's is lr times its rectification factor
+    (0 while the variance is intractable, when RAdam steps by the un-adapted momentum instead)."""
+    assert [train.radam_factor(t) for t in range(1, 6)] == [0.0] * 5
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.RAdam([p], lr=0.1)
+    for t in range(1, 40):
+        before = p.item()
+        p.grad = torch.ones(1)
+        opt.step()
+        if t > 5:
+            assert before - p.item() == pytest.approx(0.1 * train.radam_factor(t), rel=1e-4)
+    assert 0 < train.radam_factor(300) < train.radam_factor(2000) < 1
+    with pytest.raises(ValueError, match="step must be a positive int"):
+        train.radam_factor(0)

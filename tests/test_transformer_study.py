@@ -93,3 +93,21 @@ def test_training_step_updates_the_weights():
     before = model.tok.weight.detach().clone()
     transformer_study.training_step(model, idx, targets)()
     assert not torch.equal(before, model.tok.weight)
+
+
+def test_foreign_statistics_score_with_another_batchs_statistics():
+    model = gpt(norm="batchnorm")
+    train.fit_lm(model, CORPUS.train, CORPUS.val, steps=20, lr=3e-3, batch_size=8, block_size=BLOCK, seed=0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    own = transformer_study.lm_loss_batch_statistics(model, CORPUS.val, BLOCK, batches=2, batch_size=16, group=8)
+    foreign = transformer_study.lm_loss_foreign_statistics(model, CORPUS.val, BLOCK, batches=2, batch_size=16, group=8)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    assert math.isfinite(foreign) and foreign != pytest.approx(own, abs=1e-5)
+    with pytest.raises(ValueError, match="group must divide batch_size"):
+        transformer_study.lm_loss_foreign_statistics(model, CORPUS.val, BLOCK, batch_size=16, group=5)
+
+
+def test_an_untied_head_has_its_own_weights():
+    model = gpt(tie_head=False)
+    assert model.head.weight is not model.tok.weight and abs(model.head.weight.std().item() / 16**-0.5 - 1) < 0.1
+    assert transformer_study.wiring(model)[-1] == "own"

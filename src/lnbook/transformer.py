@@ -48,7 +48,8 @@ class GPTConfig:
     ``dyt_alpha``: DyT's initial ``alpha``, one number for every site or three, for the norms
     before attention, before the MLP, and the final norm (Post-LN: after attention, after the
     MLP). ``tie_head``: the output head shares the token embedding's weights (GPT-2, BERT);
-    False, it has its own, initialized as every other weight matrix (LLaMA). ``causal``: each
+    False, it has its own (LLaMA), normal with standard deviation ``d_model ** -0.5`` whatever
+    the ``init`` (as in the reference LLaMA training code, torchtitan). ``causal``: each
     token attends to itself and the tokens before it (a decoder); ``False``: to every token
     (an encoder, as over an image's patches). ``bias``: the linear layers and the LayerNorms
     have biases (``False``: none, as in T5 and LLaMA; RMSNorm never has one).
@@ -297,6 +298,8 @@ class TinyGPT(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("bias") and (".attn." in name or ".mlp." in name):
                 nn.init.zeros_(p)
+            elif name == "head.weight":  # an untied head: unit-scale logits from a unit-scale stream
+                nn.init.normal_(p, 0.0, cfg.d_model**-0.5)
             elif p.ndim != 2:
                 continue
             elif cfg.init == "bert":  # truncated normal 0.02 everywhere, no depth scaling
