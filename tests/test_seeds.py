@@ -218,3 +218,13 @@ def test_a_dyt_recipe_gpt_stacks_with_its_embedding_scale_and_per_site_alphas():
         np.testing.assert_allclose(h.step_loss, history.step_loss, rtol=1e-5)
         torch.testing.assert_close(trained.embed_scale, alone.embed_scale, rtol=1e-5, atol=1e-6)
         assert trained.embed_scale.item() != 4.0  # it learned, from sqrt(16)
+
+
+def test_a_warmup_schedule_is_a_function_of_the_step():
+    options = {k: v for k, v in FIT_LM.items() if k != "warmup"}
+    steps = seeds.runs(_gpt, [0], train_ids=CORPUS.train, val_ids=CORPUS.val, lr=3e-3, warmup=3, **options)
+    schedule = seeds.runs(_gpt, [0], train_ids=CORPUS.train, val_ids=CORPUS.val, lr=3e-3,
+                          warmup=lambda t: min(1.0, t / 3), **options)
+    np.testing.assert_allclose(steps[0][1].step_loss, schedule[0][1].step_loss, rtol=1e-6)
+    frozen = seeds.runs(_gpt, [0], train_ids=CORPUS.train, val_ids=CORPUS.val, lr=3e-3, warmup=lambda t: 0.0, **options)
+    assert len(set(np.round(frozen[0][1].val_loss, 6))) == 1  # a zero factor never moves the weights
