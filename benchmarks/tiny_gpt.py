@@ -13,8 +13,8 @@ rate), the second half the test split. The studies:
 
 - ``warmup``: Xiong et al.'s regime, Xavier initialization, no gradient clipping, 300 steps of
   8 windows; Post-LN (no final norm) and Pre-LN, each with Adam from the first step, Adam with
-  a 100-step linear warm-up, and RAdam (Adam rectified for its early variance); rates 1e-3 to
-  3e-2.
+  a 100-step linear warm-up, RAdam, and Adam on RAdam's step sizes; and both with Adam in GPT-2's
+  initialization; rates 1e-3 to 3e-2.
 - ``norms``: GPT-2's initialization, Pre-norm, 300 steps of 16 windows, a 50-step warm-up,
   gradients clipped to 1; LayerNorm, RMSNorm, no norm, DyT everywhere, DyT by site (in the
   blocks with a LayerNorm or no final norm; LayerNorm blocks with a final DyT starting at alpha
@@ -65,7 +65,8 @@ STUDIES = {
         f"{name}{label}": ({**wiring, "init": "xavier"}, fit)
         for name, wiring in (("Post-LN", POST), ("Pre-LN", PRE))
         for label, fit in (("", {}), (" + warm-up", {"warmup": 100}), (" + RAdam", {"optimizer": "radam"}),
-                           (" + RAdam's step sizes", {"warmup": train.radam_factor}))}),
+                           (" + RAdam's step sizes", {"warmup": train.radam_factor}))}
+        | {f"{name} (GPT-2 init)": (wiring, {}) for name, wiring in (("Post-LN", POST), ("Pre-LN", PRE))}),
     "norms": dict(lrs=[1e-3, 3e-3, 1e-2], batch_size=16, grad_clip=1.0, arms={
         "LayerNorm": (dict(norm="layernorm"), {"warmup": 50}),
         "RMSNorm": (dict(norm="rmsnorm"), {"warmup": 50}),

@@ -70,5 +70,5 @@ def test_the_reader_rejects_missing_and_malformed_files(smoke, tmp_path):
 def test_the_shipped_run_is_complete():
     run = transformer_study.stored_tiny_gpt()
     assert len(run.seeds) == 10 and set(run.arms) == set(transformer_study.TINY_GPT_STUDIES)
-    assert run.steps["norms"][-1] == 300 and len(run.arms["warmup"]) == 8 and len(run.arms["mlm"]) == 3
+    assert run.steps["norms"][-1] == 300 and len(run.arms["warmup"]) == 10 and len(run.arms["mlm"]) == 3
     assert all(v.shape == (10,) for v in run.test.values())
