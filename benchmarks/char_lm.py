@@ -29,10 +29,9 @@ import argparse
 import math
 import sys
 import time
-from pathlib import Path
 
 import torch
-from sigmoid_full import RESULTS, provenance, write_tables  # this script's folder is on the path when it runs
+from sigmoid_full import add_step_arguments, check_step_arguments, provenance, write_tables  # this script's folder is on the path when it runs
 
 from lnbook import cell_study, data, rnn, seeds, train
 
@@ -44,15 +43,9 @@ SCORE_BATCHES, POP_WINDOWS = 8, 256  # final scores: 8 fixed batches of 32 windo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lrs", type=float, nargs="+", default=[3e-3, 1e-2, 3e-2])
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--every", type=int, default=50)
-    parser.add_argument("--seeds", type=int, default=10)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    add_step_arguments(parser, every=50)
     args = parser.parse_args()
-    if args.steps < 1 or args.every < 1 or args.steps % args.every:
-        parser.error("--steps and --every must be positive, and --steps a multiple of --every")
-    if args.seeds < 1:
-        parser.error("--seeds must be at least 1")
+    check_step_arguments(parser, args)
     torch.set_num_threads(1)
     corpus = data.char_corpus()
     half = len(corpus.val) // 2

@@ -56,6 +56,22 @@ def provenance(setting: str) -> list[str]:
             setting]
 
 
+def add_step_arguments(parser: argparse.ArgumentParser, every: int) -> None:
+    """The options every character-model run shares: --steps, --every (evaluations), --seeds, --out."""
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--every", type=int, default=every)
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+
+
+def check_step_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Reject --steps, --every and --seeds that :func:`add_step_arguments`' runs cannot use."""
+    if args.steps < 1 or args.every < 1 or args.steps % args.every:
+        parser.error("--steps and --every must be positive, and --steps a multiple of --every")
+    if args.seeds < 1:
+        parser.error("--seeds must be at least 1")
+
+
 def write_tables(out: Path, head: list[str], tables: dict[str, list[str]]) -> None:
     """Write each table of ``tables`` (file name -> its rows, the column names first) to ``out``,
     after ``head``'s provenance lines as ``# `` lines."""

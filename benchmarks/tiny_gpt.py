@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 
 import torch
-from sigmoid_full import RESULTS, provenance, write_tables  # this script's folder is on the path when it runs
+from sigmoid_full import add_step_arguments, check_step_arguments, provenance, write_tables  # this script's folder is on the path when it runs
 
 from lnbook import cell_study, data, seeds, train, transformer_study
 from lnbook.norms import DyT
@@ -119,18 +119,12 @@ def scores(study: str, model: TinyGPT, val_ids: torch.Tensor, test_ids: torch.Te
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--studies", nargs="+", choices=list(STUDIES), default=list(STUDIES))
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--every", type=int, default=25)
-    parser.add_argument("--seeds", type=int, default=10)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    add_step_arguments(parser, every=25)
     parser.add_argument("--arms", nargs="+", help="only these arms of the studies (default: all)")
     parser.add_argument("--merge", action="store_true",
                         help="replace these arms' rows in the files already in --out, keeping the others")
     args = parser.parse_args()
-    if args.steps < 1 or args.every < 1 or args.steps % args.every:
-        parser.error("--steps and --every must be positive, and --steps a multiple of --every")
-    if args.seeds < 1:
-        parser.error("--seeds must be at least 1")
+    check_step_arguments(parser, args)
     torch.set_num_threads(1)
     corpus = data.char_corpus()
     half = len(corpus.val) // 2

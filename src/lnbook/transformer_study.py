@@ -147,6 +147,21 @@ def _check_batch_norm(model: nn.Module) -> None:
         raise ValueError("model has no batch norm: it has no batch statistics to score with")
 
 
+def _scored_groups(model: nn.Module, ids: torch.Tensor, block_size: int, batches: int, batch_size: int,
+                   group: int | None) -> list[torch.Tensor]:
+    """:func:`lnbook.train.lm_loss`'s window starts, cut into groups of ``group`` (None: ``batch_size``)."""
+    _check_batch_norm(model)
+    group = batch_size if group is None else check_positive_int(group, "group")
+    if batch_size % group:
+        raise ValueError(f"group must divide batch_size ({batch_size}), got {group}")
+    starts = torch.randint(len(ids) - block_size, (batches, batch_size), generator=torch.Generator().manual_seed(0))
+    return [part for s in starts for part in s.split(group)]
+
+
+def _batch_norms(model: nn.Module) -> list[nn.Module]:
+    return [m for m in model.modules() if hasattr(m, "running_mean") and hasattr(m, "momentum")]
+
+
 def lm_loss_batch_statistics(model: nn.Module, ids: torch.Tensor, block_size: int, batches: int = 4,
                              batch_size: int = 32, group: int | None = None) -> float:
     """:func:`lnbook.train.lm_loss`'s windows scored in training mode: every batch norm uses
@@ -154,16 +169,11 @@ def lm_loss_batch_statistics(model: nn.Module, ids: torch.Tensor, block_size: in
     (the leak a causal mask does not stop), ``group`` windows at a time (the training batch
     size, say; None: each batch of ``batch_size``, which ``group`` must divide). Weights and
     running statistics are left as they were."""
-    _check_batch_norm(model)
-    group = batch_size if group is None else check_positive_int(group, "group")
-    if batch_size % group:
-        raise ValueError(f"group must divide batch_size ({batch_size}), got {group}")
+    parts = _scored_groups(model, ids, block_size, batches, batch_size, group)
     model = copy.deepcopy(model).train()
-    starts = torch.randint(len(ids) - block_size, (batches, batch_size), generator=torch.Generator().manual_seed(0))
     device = next(model.parameters()).device
     with torch.no_grad():
-        losses = [float(model.loss(*(t.to(device) for t in train.windows(ids, part, block_size))))
-                  for s in starts for part in s.split(group)]
+        losses = [float(model.loss(*(t.to(device) for t in train.windows(ids, part, block_size)))) for part in parts]
     return sum(losses) / len(losses)
 
 
@@ -173,17 +183,11 @@ def lm_loss_foreign_statistics(model: nn.Module, ids: torch.Tensor, block_size: 
     batch statistics of the next group (the last with the first's): statistics as noisy as its
     own, with no information from the scored windows, so no leak. The difference from
     :func:`lm_loss_batch_statistics` is what a model gains from its own batch's statistics."""
-    _check_batch_norm(model)
-    group = batch_size if group is None else check_positive_int(group, "group")
-    if batch_size % group:
-        raise ValueError(f"group must divide batch_size ({batch_size}), got {group}")
+    parts = _scored_groups(model, ids, block_size, batches, batch_size, group)
     model = copy.deepcopy(model)
-    norms = [m for m in model.modules() if hasattr(m, "running_mean") and hasattr(m, "momentum")]
-    starts = torch.randint(len(ids) - block_size, (batches, batch_size), generator=torch.Generator().manual_seed(0))
-    parts = [part for s in starts for part in s.split(group)]
-    device = next(model.parameters()).device
-    for m in norms:
+    for m in _batch_norms(model):
         m.momentum = 1.0  # a training-mode pass leaves exactly its batch's statistics in the running buffers
+    device = next(model.parameters()).device
     losses = []
     with torch.no_grad():
         for i, part in enumerate(parts):
@@ -202,7 +206,7 @@ def with_population_statistics(model: nn.Module, ids: torch.Tensor, block_size: 
     _check_batch_norm(model)
     check_positive_int(batches, "batches")
     model = copy.deepcopy(model).train()
-    norms = [m for m in model.modules() if hasattr(m, "running_mean") and hasattr(m, "momentum")]
+    norms = _batch_norms(model)
     saved = [m.momentum for m in norms]
     generator = torch.Generator().manual_seed(1)
     device = next(model.parameters()).device
