@@ -106,10 +106,9 @@ class GPTConfig:
         check_bool(self.embed_norm, "embed_norm")
         check_bool(self.embed_scale, "embed_scale")
         check_bool(self.tie_head, "tie_head")
-        alphas = self.dyt_alpha if isinstance(self.dyt_alpha, tuple) else (self.dyt_alpha,) * 3
-        if len(alphas) != 3:
+        if len(self.dyt_alphas) != 3:
             raise ValueError(f"dyt_alpha must be one number or three (attention, MLP, final), got {describe(self.dyt_alpha)}")
-        for alpha in alphas:
+        for alpha in self.dyt_alphas:
             check_number(alpha, "dyt_alpha", "a positive number (or three)", lambda v: v > 0)
         check_bool(self.causal, "causal")
         check_bool(self.bias, "bias")
@@ -118,6 +117,11 @@ class GPTConfig:
         check_bool(self.deepnorm, "deepnorm")
         if self.deepnorm and self.norm_position != "post":
             raise ValueError(f"deepnorm=True needs norm_position='post', got norm_position={self.norm_position!r}")
+
+    @property
+    def dyt_alphas(self) -> tuple[float, ...]:
+        """DyT's initial alpha before attention, before the MLP, and at the final norm."""
+        return self.dyt_alpha if isinstance(self.dyt_alpha, tuple) else (self.dyt_alpha,) * 3
 
 
 PRESETS: dict[str, dict] = {
@@ -235,11 +239,6 @@ class SelfAttention(nn.Module):
         return F.dropout(weights, dropout) @ v
 
 
-def dyt_alphas(cfg: GPTConfig) -> tuple[float, float, float]:
-    """DyT's initial alpha before attention, before the MLP, and at the final norm."""
-    return cfg.dyt_alpha if isinstance(cfg.dyt_alpha, tuple) else (cfg.dyt_alpha,) * 3
-
-
 class Block(nn.Module):
     """One Transformer block: attention and an MLP, each with a residual and a norm."""
 
@@ -247,8 +246,7 @@ class Block(nn.Module):
         super().__init__()
         self.pre = cfg.norm_position == "pre"
         self.alpha = (2 * cfg.n_layer) ** 0.25 if cfg.deepnorm else 1.0  # DeepNorm's residual weight
-        alphas = dyt_alphas(cfg)
-        self.norm1, self.norm2 = (Norm(cfg.norm, cfg.d_model, cfg.bias, alpha) for alpha in alphas[:2])
+        self.norm1, self.norm2 = (Norm(cfg.norm, cfg.d_model, cfg.bias, alpha) for alpha in cfg.dyt_alphas[:2])
         self.attn = SelfAttention(cfg)
         self.mlp = nn.Sequential(
             nn.Linear(cfg.d_model, 4 * cfg.d_model, bias=cfg.bias), nn.GELU(),
@@ -291,7 +289,7 @@ class TinyGPT(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         final = cfg.norm if cfg.final_norm is True else cfg.final_norm or "none"
-        self.norm_f = Norm(final, cfg.d_model, cfg.bias, dyt_alphas(cfg)[2])
+        self.norm_f = Norm(final, cfg.d_model, cfg.bias, cfg.dyt_alphas[2])
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_head:
             self.head.weight = self.tok.weight  # weight tying, as GPT-2
