@@ -336,16 +336,18 @@ def test_recorded_attention_is_the_same_attention_and_its_statistics_are_right()
             block.attn.record_logits = True
         torch.testing.assert_close(m(idx, mask), plain, rtol=0, atol=1e-12)
         torch.testing.assert_close(m(idx), model(**kw)(idx), rtol=0, atol=1e-12)
-    # by hand, for one layer: the largest logit and the mean entropy of the causal weights
+    # by hand, for one layer: the largest logit, and the lowest head's mean entropy of the causal weights
     m = model()
     attn = m.blocks[0].attn
     attn.record_logits = True
-    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    x = 100 * torch.randn(2, 5, 16, dtype=torch.float64)  # large enough that the heads' attention is far from uniform
     attn(x, None)
     q, k, _ = (z.view(2, 5, 2, 8).transpose(1, 2) for z in attn.qkv(x).split(16, dim=2))
     logits = (q @ k.transpose(-2, -1) / math.sqrt(8)).masked_fill(~torch.ones(5, 5, dtype=torch.bool).tril(), float("-inf"))
     p = logits.softmax(-1)
-    entropy = -(p * p.clamp_min(1e-300).log()).sum(-1).mean()
+    per_head = -(p * p.clamp_min(1e-300).log()).sum(-1).mean((0, 2))  # (heads,): over the batch and the queries
+    entropy = per_head.min()
+    assert per_head.max() - per_head.min() > 1e-3  # the heads differ, so the minimum is not the mean
     assert attn.logit_max == pytest.approx(logits.max().item(), abs=1e-12)
     assert attn.entropy == pytest.approx(entropy.item(), abs=1e-12)
     assert 0 < attn.entropy < math.log(5)  # the first query sees one token: entropy 0 there
@@ -375,8 +377,13 @@ def test_deepnorm_up_weights_the_residual_and_scales_the_init_down():
     "kw, error, match",
     [
         ({"qk_norm": "dyt"}, ValueError, "qk_norm must be one of"),
-        ({"deepnorm": 1}, TypeError, "deepnorm must be a bool"),
+        ({"deepnorm": 1}, ValueError, "deepnorm must be one of"),
+        ({"deepnorm": "gamma"}, ValueError, "deepnorm must be one of"),
         ({"deepnorm": True}, ValueError, "deepnorm=True needs norm_position='post'"),
+        ({"deepnorm": "beta", "norm_position": "sandwich"}, ValueError, "deepnorm='beta' needs norm_position='post'"),
+        ({"normformer": 1}, TypeError, "normformer must be a bool"),
+        ({"normformer": True, "norm_position": "post"}, ValueError, "normformer=True needs norm_position='pre'"),
+        ({"norm_position": "middle"}, ValueError, "norm_position must be one of"),
     ],
 )
 def test_bad_stability_settings_raise(kw, error, match):

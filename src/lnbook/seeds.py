@@ -363,10 +363,11 @@ class _Optimizer:
     member ``s``'s share of it scaled by ``lrs[s] / max(lrs)``; a member that stopped
     (``active[s]`` False) keeps its weights."""
 
-    def __init__(self, model: nn.Module, lrs: list[float], optimizer: str, grad_clip: float | None) -> None:
+    def __init__(self, model: nn.Module, lrs: list[float], optimizer: str, grad_clip: float | None,
+                 beta2: float = 0.999) -> None:
         self.params = list(model.parameters())
         self.lr = max(lrs)
-        self.opt = make_optimizer(self.params, self.lr, optimizer)
+        self.opt = make_optimizer(self.params, self.lr, optimizer, beta2)
         params = self.params
         self.scale = torch.tensor(lrs, device=params[0].device) / self.lr
         self.grad_clip = grad_clip
@@ -518,7 +519,7 @@ def _fit_steps(
     validate: Callable[[], np.ndarray], *, steps: int, lr: float | Sequence[float], seeds: Sequence[int],
     warmup: int | Callable[[int], float],
     grad_clip: float | None, eval_every: int, objective: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
-    record: Callable[[list[LMHistory], list[int]], None] | None = None, optimizer: str = "adam",
+    record: Callable[[list[LMHistory], list[int]], None] | None = None, optimizer: str = "adam", beta2: float = 0.999,
 ) -> list[LMHistory]:
     """The loop of :func:`fit_lm` and :func:`fit_mlm`, :func:`lnbook.train.fit_lm`'s for every
     member: Adam (or ``optimizer``) on ``model.loss(*batch(generators))`` (or ``objective``'s ``(loss to minimize,
@@ -533,7 +534,7 @@ def _fit_steps(
         check_int(warmup, "warmup")
         factor = lambda t: min(1.0, t / warmup) if warmup else 1.0  # noqa: E731
     check_choice(optimizer, OPTIMIZERS, "optimizer")
-    step = _Optimizer(model, _member_lrs(lr, s), optimizer, grad_clip)
+    step = _Optimizer(model, _member_lrs(lr, s), optimizer, grad_clip, beta2)
     generators = [torch.Generator().manual_seed(seed) for seed in _check_seeds(seeds, s)]
     device = step.params[0].device
     histories = [LMHistory() for _ in range(s)]
@@ -582,13 +583,14 @@ def fit_lm(
     z_loss: float = 0.0,
     record_logits: bool = False,
     optimizer: str = "adam",
+    beta2: float = 0.999,
 ) -> list[LMHistory]:
     """:func:`lnbook.train.fit_lm` for every member of a stacked language model (a
     :class:`~lnbook.transformer.TinyGPT` made by :func:`stack`): member ``s`` draws its windows
     from a generator seeded with ``seeds[s]`` and trains at ``lr[s]`` (``lr``: one number or one
-    per member) with ``optimizer`` (``"adam"`` or ``"radam"``); ``warmup`` is a number of steps of
+    per member) with ``optimizer`` (``"adam"`` or ``"radam"``, with second-moment decay ``beta2``); ``warmup`` is a number of steps of
     linear warm-up or a schedule, a picklable function of the step (from 1) that returns the factor
-    of every learning rate (:func:`lnbook.train.radam_factor`, say). One
+    of every learning rate (:func:`lnbook.train.radam_factor` or :func:`lnbook.train.warmup_cosine`, say). One
     :class:`~lnbook.train.LMHistory` per member."""
     _stacked(model)
     check_streams(train_ids, val_ids, block_size)
@@ -612,7 +614,7 @@ def fit_lm(
         return _fit_steps(model, batch, lambda: lm_loss(model, val_ids, block_size), steps=steps, lr=lr, seeds=seeds,
                           warmup=warmup, grad_clip=grad_clip, eval_every=eval_every,
                           objective=objective if z_loss or record_logits else None, record=record if record_logits else None,
-                          optimizer=optimizer)
+                          optimizer=optimizer, beta2=beta2)
 
 
 def fit_mlm(

@@ -80,15 +80,35 @@ class Run(NamedTuple):
     generator: torch.Generator
 
 
-def make_optimizer(params: Sequence[torch.Tensor], lr: float, optimizer: str = "adam") -> torch.optim.Optimizer:
+def make_optimizer(params: Sequence[torch.Tensor], lr: float, optimizer: str = "adam",
+                   beta2: float = 0.999) -> torch.optim.Optimizer:
     """The optimizer :data:`OPTIMIZERS` names over ``params``: ``"adam"``; ``"sgd"`` with momentum
     0.9; or ``"radam"``, Adam whose early steps are rectified for the variance of its
     second-moment estimate (Liu et al., 2020, "On the variance of the adaptive learning rate"),
-    torch's defaults otherwise."""
+    torch's defaults otherwise. ``beta2``: Adam's (and RAdam's) second-moment decay, 0.999 by
+    default; large-model recipes use 0.95."""
     check_choice(optimizer, OPTIMIZERS, "optimizer")
+    check_number(beta2, "beta2", "a number in (0, 1)", lambda v: 0 < v < 1)
     if optimizer == "sgd":
+        if beta2 != 0.999:
+            raise ValueError(f"beta2 is Adam's; optimizer='sgd' has none, got beta2={beta2}")
         return torch.optim.SGD(params, lr=lr, momentum=0.9)
-    return (torch.optim.Adam if optimizer == "adam" else torch.optim.RAdam)(params, lr=lr)
+    return (torch.optim.Adam if optimizer == "adam" else torch.optim.RAdam)(params, lr=lr, betas=(0.9, beta2))
+
+
+def warmup_cosine(step: int, warmup: int, steps: int) -> float:
+    """The learning-rate factor at step ``step`` (from 1) of ``steps``: a linear warm-up over the
+    first ``warmup`` steps, then a cosine decay that reaches 0 at the last step. Picklable as
+    ``functools.partial(warmup_cosine, warmup=..., steps=...)``, a ``warmup`` for
+    :func:`lnbook.seeds.fit_lm`."""
+    check_positive_int(step, "step")
+    check_int(warmup, "warmup")
+    check_positive_int(steps, "steps")
+    if not 0 <= warmup < steps:
+        raise ValueError(f"warmup must be in 0..steps-1 = {steps - 1}, got {warmup}")
+    if step <= warmup:
+        return step / warmup
+    return 0.5 * (1 + math.cos(math.pi * min(step - warmup, steps - warmup) / (steps - warmup)))
 
 
 def radam_factor(step: int, beta2: float = 0.999) -> float:
@@ -230,7 +250,8 @@ class LMHistory:
 
     With ``fit_lm(..., record_logits=True)``, one entry per step, measured on the step's batch
     before its update: ``attn_logit_max``, the largest attention logit of any layer and head;
-    ``attn_entropy``, the smallest over the layers of the mean attention entropy (nats);
+    ``attn_entropy``, the smallest over the layers and heads of a head's attention entropy
+    averaged over the batch and the queries (nats; one collapsed head shows);
     ``log_z``, the mean over positions of the output's ``logsumexp(logits)``. Empty otherwise.
     With a ``z_loss`` weight, ``step_loss`` is the cross-entropy alone, without the z-loss term."""
 

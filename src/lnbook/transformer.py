@@ -3,11 +3,12 @@
 ``TinyGPT(GPTConfig(...))`` maps token ids ``(B, T)`` to next-token logits ``(B, T, vocab)``.
 Each block is attention then an MLP, each wrapped in a residual connection, with the norm
 either before the sublayer (Pre-LN, ``x + f(norm(x))``) or after the residual sum (Post-LN,
-``norm(x + f(x))``). An optional ``mask (B, T)`` marks the real tokens of a right-padded
+``norm(x + f(x))``), or both (Sandwich-LN, ``x + norm(f(norm(x)))``). An optional ``mask (B, T)`` marks the real tokens of a right-padded
 batch: padding is never attended to, so it changes no real token's output.
 Two settings for stability at high learning rates: ``qk_norm`` normalizes each head's queries
 and keys before their dot product (QK-layernorm), and ``deepnorm`` gives Post-LN blocks
-DeepNorm's up-weighted residual and down-scaled initialization. Setting an attention layer's
+DeepNorm's up-weighted residual and down-scaled initialization; ``normformer`` adds
+NormFormer's three operations to Pre-LN blocks. Setting an attention layer's
 ``record_logits`` makes it compute attention explicitly and keep its largest logit and its
 entropy (:func:`lnbook.train.fit_lm` does that with ``record_logits=True``).
 ``TinyViT`` classifies images with the same blocks, without the causal mask, over patches.
@@ -27,7 +28,8 @@ from ._checks import check_bool, check_choice, check_number, check_positive_int,
 from .norms import EXAMPLE_NORMS, DyT, apply_norm, check_norm, norm_layer
 
 NORMS = ("none", "batch", *EXAMPLE_NORMS)  # and chapter 06's spellings "layernorm", "rmsnorm", "batchnorm"
-POSITIONS = ("pre", "post")
+POSITIONS = ("pre", "post", "sandwich")
+DEEPNORMS = (False, True, "alpha", "beta")
 INITS = ("gpt2", "xavier", "bert")
 QK_NORMS = ("none", "layernorm", "rmsnorm")
 
@@ -39,7 +41,9 @@ class GPTConfig:
     ``norm``: a name of :data:`lnbook.norms.NORMS` over one token's features: ``"layer"`` (or
     ``"layernorm"``: torch's fused LayerNorm), ``"rms"`` (``"rmsnorm"``), ``"dyt"`` (Dynamic
     Tanh), ...; ``"none"``; or ``"batch"`` (``"batchnorm"``: statistics over the real tokens of
-    the whole batch, to show why Transformers do not use it). ``norm_position``: ``"pre"`` or ``"post"``.
+    the whole batch, to show why Transformers do not use it). ``norm_position``: ``"pre"``,
+    ``"post"``, or ``"sandwich"`` (CogView's Sandwich-LN, Ding et al. 2021: Pre-LN with one more
+    norm on each sublayer's output before it joins the residual stream, ``x + norm(f(norm(x)))``).
     ``final_norm``: one more norm after the last block (GPT-2's ``ln_f``): True, the blocks'
     ``norm``; a norm name, that norm (DyT blocks with a LayerNorm before the head, say); False,
     none. ``embed_norm``: a ``norm`` over the summed token and position embeddings before the
@@ -69,7 +73,12 @@ class GPTConfig:
     computes ``norm(alpha * x + f(x))`` with ``alpha = (2 n_layer) ** 0.25``, and after the
     ``init`` above the value projection, attention's output and both MLP weights are multiplied
     by ``beta = (8 n_layer) ** -0.25`` (the decoder-only constants; with ``init="xavier"`` this is
-    the paper's initialization, Xavier-uniform in place of Xavier-normal).
+    the paper's initialization, Xavier-uniform in place of Xavier-normal). ``"alpha"`` or
+    ``"beta"``: one of the two alone, to tell which does the work.
+    ``normformer``: NormFormer (Shleifer et al. 2021), for ``norm_position="pre"`` only: each
+    head's attention output multiplied by a learned scale (starting at 1) before the output
+    projection, a norm on attention's output before the residual sum, and a norm (over
+    ``4 d_model`` features) after the MLP's activation.
     """
 
     vocab_size: int
@@ -85,7 +94,8 @@ class GPTConfig:
     bias: bool = True
     init: str = "gpt2"
     qk_norm: str = "none"
-    deepnorm: bool = False
+    deepnorm: bool | str = False
+    normformer: bool = False
     embed_norm: bool = False
     embed_scale: bool = False
     tie_head: bool = True
@@ -114,9 +124,13 @@ class GPTConfig:
         check_bool(self.bias, "bias")
         check_choice(self.init, INITS, "init")
         check_choice(self.qk_norm, QK_NORMS, "qk_norm")
-        check_bool(self.deepnorm, "deepnorm")
+        if not any(self.deepnorm is d for d in DEEPNORMS):
+            raise ValueError(f"deepnorm must be one of {DEEPNORMS}, got {describe(self.deepnorm)}")
         if self.deepnorm and self.norm_position != "post":
-            raise ValueError(f"deepnorm=True needs norm_position='post', got norm_position={self.norm_position!r}")
+            raise ValueError(f"deepnorm={self.deepnorm!r} needs norm_position='post', got norm_position={self.norm_position!r}")
+        check_bool(self.normformer, "normformer")
+        if self.normformer and self.norm_position != "pre":
+            raise ValueError(f"normformer=True needs norm_position='pre', got norm_position={self.norm_position!r}")
 
     @property
     def dyt_alphas(self) -> tuple[float, ...]:
@@ -176,7 +190,7 @@ class Norm(nn.Module):
         if isinstance(self.norm, DyT):
             self.norm = DyT(d_model, alpha, bias)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         return apply_norm(self.norm, x, mask)
 
 
@@ -188,8 +202,10 @@ class SelfAttention(nn.Module):
     ``record_logits`` (default False): compute the attention weights explicitly instead of
     with ``F.scaled_dot_product_attention`` (the same result up to rounding, slower), and keep
     after each call ``logit_max``, the largest attention logit ``q . k / sqrt(head dim)`` over
-    the allowed pairs, and ``entropy``, the mean entropy of the attention weights in nats
-    (``log T`` for uniform attention over T tokens, 0 for one-hot), both as floats.
+    the allowed pairs, and ``entropy``, the entropy of the attention weights in nats (``log T``
+    for uniform attention over T tokens, 0 for one-hot) averaged over the batch and the queries
+    for each head, the smallest over the heads (so one collapsed head shows), both as floats.
+    With ``cfg.normformer``, each head's output is multiplied by its own learned ``head_scale``.
     """
 
     def __init__(self, cfg: GPTConfig) -> None:
@@ -201,6 +217,8 @@ class SelfAttention(nn.Module):
         if cfg.qk_norm != "none":  # only then: the default model's modules, and its parameters, stay as they were
             head = cfg.d_model // cfg.n_head
             self.q_norm, self.k_norm = (Norm(cfg.qk_norm, head, cfg.bias) for _ in range(2))
+        if cfg.normformer:  # NormFormer's head-wise scaling
+            self.head_scale = nn.Parameter(torch.ones(cfg.n_head))
         self.record_logits, self.logit_max, self.entropy = False, float("nan"), float("nan")
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -218,12 +236,15 @@ class SelfAttention(nn.Module):
             y = self._explicit(q, k, v, allowed, dropout)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, is_causal=self.causal and mask is None, dropout_p=dropout)
+        if hasattr(self, "head_scale"):  # (heads,), or (S, heads) for S seeds, on y (*, heads, T, head dim)
+            scale = self.head_scale
+            y = y * scale.reshape(*scale.shape[:-1], *[1] * (y.ndim - 2 - scale.ndim), -1, 1, 1)
         return self.proj(y.transpose(-3, -2).flatten(-2))
 
     def _explicit(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None,
                   dropout: float) -> torch.Tensor:
-        """Attention written out, recording the largest logit and the mean entropy (one each
-        per member, as lists, for ``(S, B, heads, T, T)`` logits)."""
+        """Attention written out, recording the largest logit and the lowest head's mean entropy
+        (one each per member, as lists, for ``(S, B, heads, T, T)`` logits)."""
         t = q.shape[-2]
         logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (*, heads, T, T)
         lead = logits.ndim - 4  # 1 for many seeds
@@ -234,29 +255,40 @@ class SelfAttention(nn.Module):
         weights = logits.softmax(-1)
         with torch.no_grad():
             self.logit_max = logits.flatten(lead).amax(-1).tolist()
-            entropy = torch.special.entr(weights).sum(-1)  # (*, heads, T); padded queries included
-            self.entropy = entropy.nan_to_num(0.0).flatten(lead).mean(-1).tolist()
+            entropy = torch.special.entr(weights).sum(-1).nan_to_num(0.0)  # (*, heads, T); padded queries included
+            per_head = entropy.movedim(-2, lead).flatten(lead + 1).mean(-1)  # (lead, heads)
+            self.entropy = per_head.amin(-1).tolist()
         return F.dropout(weights, dropout) @ v
 
 
 class Block(nn.Module):
-    """One Transformer block: attention and an MLP, each with a residual and a norm."""
+    """One Transformer block: attention and an MLP, each with a residual and a norm (and, for
+    Sandwich-LN and NormFormer, the extra norms on the sublayers' outputs)."""
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
-        self.pre = cfg.norm_position == "pre"
-        self.alpha = (2 * cfg.n_layer) ** 0.25 if cfg.deepnorm else 1.0  # DeepNorm's residual weight
+        self.pre = cfg.norm_position != "post"
+        self.alpha = (2 * cfg.n_layer) ** 0.25 if cfg.deepnorm in (True, "alpha") else 1.0  # DeepNorm's residual weight
         self.norm1, self.norm2 = (Norm(cfg.norm, cfg.d_model, cfg.bias, alpha) for alpha in cfg.dyt_alphas[:2])
         self.attn = SelfAttention(cfg)
+        activation = nn.GELU()
+        if cfg.normformer:  # a norm after the MLP's activation, inside its slot so that mlp.2 stays the output layer
+            activation = nn.Sequential(activation, Norm(cfg.norm, 4 * cfg.d_model, cfg.bias, cfg.dyt_alphas[1]))
         self.mlp = nn.Sequential(
-            nn.Linear(cfg.d_model, 4 * cfg.d_model, bias=cfg.bias), nn.GELU(),
+            nn.Linear(cfg.d_model, 4 * cfg.d_model, bias=cfg.bias), activation,
             nn.Linear(4 * cfg.d_model, cfg.d_model, bias=cfg.bias), nn.Dropout(cfg.dropout),
         )
+        if cfg.norm_position == "sandwich" or cfg.normformer:  # a norm on attention's output
+            self.norm1_out = Norm(cfg.norm, cfg.d_model, cfg.bias, cfg.dyt_alphas[0])
+        if cfg.norm_position == "sandwich":  # and on the MLP's
+            self.norm2_out = Norm(cfg.norm, cfg.d_model, cfg.bias, cfg.dyt_alphas[1])
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         if self.pre:
-            x = x + self.attn(self.norm1(x, mask), mask)
-            x = x + self.mlp(self.norm2(x, mask))
+            y = self.attn(self.norm1(x, mask), mask)
+            x = x + (self.norm1_out(y, mask) if hasattr(self, "norm1_out") else y)
+            y = self.mlp(self.norm2(x, mask))
+            x = x + (self.norm2_out(y, mask) if hasattr(self, "norm2_out") else y)
         elif self.alpha == 1.0:
             x = self.norm1(x + self.attn(x, mask), mask)
             x = self.norm2(x + self.mlp(x), mask)
@@ -310,7 +342,7 @@ class TinyGPT(nn.Module):
             else:  # Xavier-uniform, query, key and value each as its own square matrix
                 for part in p.data.split(cfg.d_model) if name.endswith("qkv.weight") else (p.data,):
                     nn.init.xavier_uniform_(part)
-        if cfg.deepnorm:  # DeepNorm's beta: value, attention output and MLP weights scaled down
+        if cfg.deepnorm in (True, "beta"):  # DeepNorm's beta: value, attention output and MLP weights scaled down
             beta = (8 * cfg.n_layer) ** -0.25
             with torch.no_grad():
                 for block in self.blocks:
