@@ -69,6 +69,11 @@ test: setup $(CHROMIUM)
 clean:
 	rm -rf _build
 
+# Rerun one stored benchmark into src/lnbook/results/, with provenance (README: "Results the
+# notebooks do not recompute"): make results-scale_sweep, make results-tiny_gpt, ...
+results-%: setup
+	PYTHONPATH=src $(BIN)/python benchmarks/$*.py
+
 # On a machine with a CUDA GPU: the kernels' tests on the GPU (within 5 minutes), the benchmark
 # (determinism, bfloat16 rounding and batch invariance checks, norms and the GPT-2-small-shaped
 # block; CSV, JSON and PNG with provenance into benchmarks/results/, within 7 minutes), then every

@@ -41,8 +41,6 @@ attention entropy and the output's log Z (``record_logits``). It writes, with pr
 from __future__ import annotations
 
 import argparse
-import functools
-import math
 import sys
 import time
 
@@ -51,12 +49,12 @@ import torch
 from sigmoid_full import add_step_arguments, check_step_arguments, provenance, write_tables  # this script's folder is on the path when it runs
 
 from lnbook import cell_study, data, scale_study, seeds, train
-from lnbook.transformer import GPTConfig, TinyGPT
+from lnbook.scale_study import BATCH, BETA2, BLOCK
 
-BLOCK, BATCH, SCORE_BATCHES, BETA2 = 32, 8, 8, 0.95
+SCORE_BATCHES = 8
 WIDE_LRS, DEEP_LRS = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1], [3e-4, 1e-3, 3e-3]
 POST = dict(norm_position="post", final_norm=False)
-DEEP = dict(n_layer=24, d_model=32, init="xavier")
+DEEP = dict(n_layer=24, init="xavier")
 # (study, arm, width, settings, fit options); the largest jobs first, so that two workers finish together
 JOBS = [
     *[("depth", arm, 32, {**DEEP, **settings}, fit) for arm, settings, fit in (
@@ -78,11 +76,6 @@ JOBS = [
     *[("scale", arm, 32, settings, {}) for arm, settings in (("Pre-LN", {}), ("Pre-LN + QK-norm", {"qk_norm": "layernorm"}))],
 ]
 assert not any("," in job[1] for job in JOBS)  # the tables are plain CSV
-
-
-def make(width: int, settings: dict, vocab_size: int) -> TinyGPT:
-    size = dict(n_layer=2, n_head=width // 16, d_model=width) if "n_layer" not in settings else dict(n_head=2)
-    return TinyGPT(GPTConfig(vocab_size, BLOCK, **size, **settings))
 
 
 def at(values: list[float], step: int) -> str:
@@ -114,9 +107,9 @@ def main() -> None:
     for study, arm, width, settings, fit in jobs:
         lrs = DEEP_LRS if study == "depth" else WIDE_LRS
         member_seeds, member_lrs = cell_study.grid(lrs, range(args.seeds))
-        schedule = functools.partial(train.warmup_cosine, warmup=max(1, round(fit.get("warm", 0.1) * args.steps)),
-                                     steps=args.steps)
-        futures = seeds.start_runs(lambda w=width, s=settings: make(w, s, corpus.vocab_size), member_seeds, workers,
+        schedule = scale_study.schedule(args.steps, fit.get("warm", 0.1))
+        futures = seeds.start_runs(lambda w=width, s=settings: scale_study.sweep_model(corpus.vocab_size, w, **s),
+                                   member_seeds, workers,
                                    train_ids=corpus.train, val_ids=val_ids, steps=args.steps, lr=member_lrs,
                                    block_size=BLOCK, batch_size=BATCH, grad_clip=1.0, eval_every=args.every_val,
                                    warmup=schedule, beta2=BETA2, z_loss=fit.get("z_loss", 0.0),

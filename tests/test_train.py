@@ -1,5 +1,6 @@
 """lnbook.train: the training loops, their pieces and runs side by side."""
 
+import math
 import copy
 import os
 
@@ -284,3 +285,25 @@ def test_radam_factor_is_the_step_size_ratio_of_radam_to_adam():
     assert 0 < train.radam_factor(300) < train.radam_factor(2000) < 1
     with pytest.raises(ValueError, match="step must be a positive int"):
         train.radam_factor(0)
+
+
+def test_warmup_cosine_rises_linearly_then_decays_to_zero():
+    factor = [train.warmup_cosine(t, warmup=10, steps=110) for t in range(1, 111)]
+    assert factor[:10] == pytest.approx([t / 10 for t in range(1, 11)])
+    assert factor[59] == pytest.approx(0.5) and factor[-1] == pytest.approx(0.0, abs=1e-12)  # half-way down; 0 at the end
+    assert all(a >= b for a, b in zip(factor[9:], factor[10:]))
+    assert train.warmup_cosine(1, warmup=0, steps=5) == pytest.approx(0.5 * (1 + math.cos(math.pi / 5)))
+    for kw, match in (({"warmup": 5, "steps": 5}, "warmup must be in 0..steps-1"), ({"warmup": -1, "steps": 5}, "warmup"),
+                      ({"warmup": 1, "steps": 0}, "steps")):
+        with pytest.raises(ValueError, match=match):
+            train.warmup_cosine(1, **kw)
+
+
+def test_make_optimizer_takes_adams_beta2_and_refuses_it_for_sgd():
+    p = [torch.nn.Parameter(torch.zeros(2))]
+    assert train.make_optimizer(p, 0.1, "adam", beta2=0.95).param_groups[0]["betas"] == (0.9, 0.95)
+    assert train.make_optimizer(p, 0.1, "radam").param_groups[0]["betas"] == (0.9, 0.999)
+    with pytest.raises(ValueError, match="beta2 is Adam's"):
+        train.make_optimizer(p, 0.1, "sgd", beta2=0.95)
+    with pytest.raises(ValueError, match="beta2 must be a number in"):
+        train.make_optimizer(p, 0.1, "adam", beta2=1.0)

@@ -406,3 +406,63 @@ def test_the_default_model_is_unchanged_by_the_new_settings():
     assert torch.equal(torch.rand(3), after_default)  # QK-norm's parameters draw nothing
     for (_, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
         assert torch.equal(p, q)
+
+
+def test_deepnorm_alpha_or_beta_alone_is_one_half_of_deepnorm():
+    torch.manual_seed(0)
+    full = TinyGPT(config(n_layer=6, norm_position="post", init="xavier", deepnorm=True))
+    for part in ("alpha", "beta"):
+        torch.manual_seed(0)
+        plain = TinyGPT(config(n_layer=6, norm_position="post", init="xavier"))
+        torch.manual_seed(0)
+        half = TinyGPT(config(n_layer=6, norm_position="post", init="xavier", deepnorm=part))
+        assert half.blocks[0].alpha == (full.blocks[0].alpha if part == "alpha" else 1.0)
+        weights = (half.blocks[0].mlp[2].weight, (full if part == "beta" else plain).blocks[0].mlp[2].weight)
+        torch.testing.assert_close(*weights, rtol=0, atol=0)
+
+
+def test_sandwich_ln_normalizes_each_sublayer_output_before_the_residual_sum():
+    m = model(norm_position="sandwich")
+    block = m.blocks[0]
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    h = x + block.norm1_out(block.attn(block.norm1(x), None))
+    torch.testing.assert_close(block(x), h + block.norm2_out(block.mlp(block.norm2(h))), rtol=0, atol=1e-12)
+    assert not hasattr(model().blocks[0], "norm1_out")  # plain Pre-LN has no extra norms
+
+
+def test_normformer_adds_head_scales_and_two_norms_to_pre_ln():
+    m = model(normformer=True)
+    block = m.blocks[0]
+    assert block.attn.head_scale.shape == (2,) and bool((block.attn.head_scale == 1).all())
+    assert block.mlp[1][1].norm.normalized_shape == (64,) and not hasattr(block, "norm2_out")
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    with torch.no_grad():
+        block.attn.head_scale.copy_(torch.tensor([2.0, 0.0]))
+    # the scaled heads' output by hand: head 0 doubled, head 1 silenced, then the output projection
+    attn = block.attn
+    q, k, v = (z.view(2, 5, 2, 8).transpose(1, 2) for z in attn.qkv(x).split(16, dim=2))
+    y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True) * torch.tensor([2.0, 0.0]).view(2, 1, 1)
+    torch.testing.assert_close(attn(x, None), attn.proj(y.transpose(1, 2).flatten(2)), rtol=0, atol=1e-12)
+    h = x + block.norm1_out(attn(block.norm1(x), None))
+    hidden = block.mlp[1][1](block.mlp[1][0](block.mlp[0](block.norm2(h))))
+    torch.testing.assert_close(block(x), h + block.mlp[2](hidden), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("kw", [{"norm_position": "sandwich"}, {"normformer": True}, {"deepnorm": "alpha", "norm_position": "post"}])
+def test_the_new_block_wirings_stay_causal_and_stack(kw):
+    from lnbook import seeds
+
+    m = model(**kw)
+    idx = torch.randint(VOCAB, (2, 12))
+    changed = idx.clone()
+    changed[:, 7] = (changed[:, 7] + 1) % VOCAB
+    torch.testing.assert_close(m(idx)[:, :7], m(changed)[:, :7], rtol=0, atol=1e-12)
+    members = [model(**kw) for _ in range(2)]
+    with torch.no_grad():
+        for i, member in enumerate(members):  # members that differ, head scales included
+            for p in member.parameters():
+                p.add_(0.01 * (i + 1) * torch.randn_like(p))
+    stacked = seeds.stack(members)
+    out = stacked(torch.stack([idx, changed]))
+    for i, member in enumerate(members):
+        torch.testing.assert_close(out[i], member((idx, changed)[i]), rtol=1e-9, atol=1e-9)

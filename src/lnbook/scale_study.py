@@ -9,6 +9,7 @@ narrower its basin.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from importlib import resources
@@ -20,8 +21,11 @@ from torch import nn
 
 from . import train
 from ._checks import check_number, describe
-from .transformer import TinyGPT
+from .transformer import GPTConfig, TinyGPT
 from .utils import stored_rows
+
+BLOCK, BATCH, BETA2 = 32, 8, 0.95
+"""The sweep's windows of characters, windows per step, and Adam's beta2 (Wortsman et al.'s)."""
 
 SCALE_STUDIES = ("sweep", "scale", "zloss", "depth")
 SCALE_CURVE_COLUMNS = ["study", "arm", "width", "lr", "seed", "step", "train_loss", "val_loss", "logit_max", "entropy",
@@ -30,6 +34,21 @@ SCALE_FINAL_COLUMNS = ["study", "arm", "width", "lr", "seed", "val_loss", "test_
                        "entropy", "log_z", "stream_rms"]
 CURVES = SCALE_CURVE_COLUMNS[6:]
 FINALS = SCALE_FINAL_COLUMNS[5:-1]
+
+
+def schedule(steps: int, warmup_share: float = 0.1) -> functools.partial:
+    """The sweep's learning-rate schedule for a run of ``steps``: a linear warm-up over
+    ``warmup_share`` of the steps, then a cosine decay to 0 (:func:`lnbook.train.warmup_cosine`)."""
+    check_number(warmup_share, "warmup_share", "a number in (0, 1)", lambda v: 0 < v < 1)
+    return functools.partial(train.warmup_cosine, warmup=max(1, round(warmup_share * steps)), steps=steps)
+
+
+def sweep_model(vocab_size: int, width: int, **settings: object) -> TinyGPT:
+    """The sweep's TinyGPT: 2 blocks of ``width`` features in heads of 16 on windows of
+    :data:`BLOCK`, or, when ``settings`` give ``n_layer``, that many blocks in 2 heads; any other
+    :class:`~lnbook.transformer.GPTConfig` setting as given."""
+    size = dict(n_head=2) if "n_layer" in settings else dict(n_layer=2, n_head=max(1, width // 16))
+    return TinyGPT(GPTConfig(vocab_size, BLOCK, d_model=width, **size, **settings))
 
 
 def lr_sensitivity(losses: np.ndarray, ceiling: float) -> np.ndarray:
