@@ -16,8 +16,9 @@ half the test split. The studies:
 - ``sweep``: 2 blocks of width 64 (4 heads of 16); Pre-LN, Post-LN (no final norm), Pre-LN with
   QK-layernorm, and no norm, each in GPT-2's initialization, and Pre-LN and no norm in Xavier's;
   rates 1e-3 to 3e-1 in half decades.
-- ``scale``: Pre-LN and Pre-LN with QK-layernorm at widths 32 and 128 (heads of 16 features);
-  with ``sweep``'s width 64, three sizes for Wortsman et al.'s sensitivity-against-size trend.
+- ``scale``: Pre-LN and Pre-LN with QK-layernorm at widths 32, 128 and 256 (heads of 16
+  features); with ``sweep``'s width 64, four sizes for Wortsman et al.'s sensitivity-against-size
+  trend.
 - ``zloss``: ``sweep``'s Pre-LN with PaLM's z-loss, weights 1e-4 and 1e-2, at every rate.
 - ``depth``: 24 blocks of width 32 (2 heads), Xavier's initialization; Post-LN, Post-LN with
   a warm-up over 30% of the steps, DeepNorm, its up-weighted residual alone (alpha) and its
@@ -46,7 +47,7 @@ import time
 
 import numpy as np
 import torch
-from sigmoid_full import add_step_arguments, check_step_arguments, provenance, write_tables  # this script's folder is on the path when it runs
+from sigmoid_full import add_step_arguments, check_step_arguments, merged, provenance, write_tables  # this script's folder is on the path when it runs
 
 from lnbook import cell_study, data, scale_study, seeds, train
 from lnbook.scale_study import BATCH, BETA2, BLOCK
@@ -68,7 +69,8 @@ JOBS = [
         ("Pre-LN", {}, {}),
         ("Pre-LN no final norm", {"final_norm": False}, {}),
     )],
-    *[("scale", arm, 128, settings, {}) for arm, settings in (("Pre-LN", {}), ("Pre-LN + QK-norm", {"qk_norm": "layernorm"}))],
+    *[("scale", arm, w, settings, {}) for w in (256, 128)
+      for arm, settings in (("Pre-LN", {}), ("Pre-LN + QK-norm", {"qk_norm": "layernorm"}))],
     *[("sweep", arm, 64, settings, {}) for arm, settings in (
         ("Pre-LN", {}), ("Post-LN", POST), ("Pre-LN + QK-norm", {"qk_norm": "layernorm"}), ("no norm", {"norm": "none"}),
         ("Pre-LN (Xavier init)", {"init": "xavier"}), ("no norm (Xavier init)", {"norm": "none", "init": "xavier"}))],
@@ -89,6 +91,9 @@ def main() -> None:
     parser.set_defaults(seeds=5)
     parser.add_argument("--every-val", type=int, default=50, help="steps between validation losses (a multiple of --every)")
     parser.add_argument("--studies", nargs="+", choices=scale_study.SCALE_STUDIES, default=list(scale_study.SCALE_STUDIES))
+    parser.add_argument("--widths", nargs="+", type=int, help="only the jobs of these widths (default: all)")
+    parser.add_argument("--merge", action="store_true",
+                        help="replace these jobs' rows in the files already in --out, keeping the others")
     args = parser.parse_args()
     check_step_arguments(parser, args)
     if args.every_val < 1 or args.every_val % args.every or args.steps % args.every_val:
@@ -97,7 +102,7 @@ def main() -> None:
     corpus = data.char_corpus()
     half = len(corpus.val) // 2
     val_ids, test_ids = corpus.val[:half], corpus.val[half:]
-    jobs = [job for job in JOBS if job[0] in args.studies]
+    jobs = [job for job in JOBS if job[0] in args.studies and (not args.widths or job[2] in args.widths)]
     head = provenance(f"studies {args.studies}; seeds 0-{args.seeds - 1}; {args.steps} steps of {BATCH} windows of {BLOCK}; "
                       f"Adam beta2 {BETA2}, clip 1, linear warm-up over 10% of the steps (30% for the long warm-up), "
                       f"cosine decay to 0; width lrs {WIDE_LRS}, depth lrs {DEEP_LRS}; corpus {len(corpus.train)} train, "
@@ -139,7 +144,11 @@ def main() -> None:
             rms = ";".join(f"{v:.6g}" for v in scale_study.stream_rms(model, probe))
             final.append(f"{cell},{scores[0]:.6f},{scores[1]:.6f}," + ",".join(recorded) + f",{rms}")
         print(f"{study}, {arm}, width {width}: done at {time.perf_counter() - start:.0f} s", flush=True)
-    write_tables(args.out, head, {"scale_sweep-curves.csv": curves, "scale_sweep-final.csv": final})
+    tables = {"scale_sweep-curves.csv": curves, "scale_sweep-final.csv": final}
+    if args.merge:  # each job is its own stack, so its rows do not depend on which others ran with it
+        head, merged_tables = merged(args.out, head, tables, {(q[0], q[1], str(q[2])) for q in queued})
+        tables = dict(zip(tables, merged_tables))
+    write_tables(args.out, head, tables)
 
 
 if __name__ == "__main__":

@@ -72,6 +72,27 @@ def check_step_arguments(parser: argparse.ArgumentParser, args: argparse.Namespa
         parser.error("--seeds must be at least 1")
 
 
+def merged(out: Path, head: list[str], tables: dict[str, list[str]], rerun: set[tuple[str, ...]]) -> tuple[list[str], list[list[str]]]:
+    """The stored files in ``out`` (``tables``' names) with the rows whose leading columns are one
+    of the ``rerun`` keys (study and arm, say) replaced by ``tables``' new rows (the column names
+    first); the stored provenance first, then this run's, marked as a rerun of those keys. A
+    column added since is left empty in the kept rows."""
+    width = len(next(iter(rerun)))
+    merged_tables = []
+    for name, new in tables.items():
+        lines = (out / name).read_text().splitlines()
+        old_head = [line[2:] for line in lines if line.startswith("# ")]
+        columns, *rows = [line for line in lines if line and not line.startswith("#")]
+        if columns != new[0]:
+            added = [c for c in new[0].split(",") if c not in columns.split(",")]
+            rows = [",".join(dict(zip(columns.split(","), r.split(","))).get(c, "") for c in new[0].split(",")) for r in rows]
+            print(f"{name}: added the empty column(s) {added} to the kept rows")
+        kept = [r for r in rows if tuple(r.split(",")[:width]) not in rerun]
+        merged_tables.append([new[0], *kept, *new[1:]])
+    keys = "; ".join(": ".join(k) for k in sorted(rerun))
+    return old_head + [f"rerun of {keys}:"] + head, merged_tables
+
+
 def write_tables(out: Path, head: list[str], tables: dict[str, list[str]]) -> None:
     """Write each table of ``tables`` (file name -> its rows, the column names first) to ``out``,
     after ``head``'s provenance lines as ``# `` lines."""

@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 
 import torch
-from sigmoid_full import add_step_arguments, check_step_arguments, provenance, write_tables  # this script's folder is on the path when it runs
+from sigmoid_full import add_step_arguments, check_step_arguments, merged, provenance, write_tables  # this script's folder is on the path when it runs
 
 from lnbook import cell_study, data, seeds, train, transformer_study
 from lnbook.norms import DyT
@@ -161,26 +161,9 @@ def main() -> None:
                                                                  for i, v in enumerate(row)))
         print(f"{study}, {arm}: done at {time.perf_counter() - start:.0f} s", flush=True)
     if args.merge:  # each arm is its own job, so its rows do not depend on which others ran with it
-        head, curves, final = merged(args.out, head, curves, final, {(q[0], q[1]) for q in queued})
+        head, (curves, final) = merged(args.out, head, {"tiny_gpt-curves.csv": curves, "tiny_gpt-final.csv": final},
+                                       {(q[0], q[1]) for q in queued})
     write_tables(args.out, head, {"tiny_gpt-curves.csv": curves, "tiny_gpt-final.csv": final})
-
-
-def merged(out: Path, head: list[str], curves: list[str], final: list[str], rerun: set[tuple[str, str]]):
-    """The stored files in ``out`` with the rows of the ``rerun`` (study, arm) pairs replaced by the new ones;
-    the stored provenance first, then this run's, marked as a rerun of those arms."""
-    tables = []
-    for name, new in (("tiny_gpt-curves.csv", curves), ("tiny_gpt-final.csv", final)):
-        lines = (out / name).read_text().splitlines()
-        old_head = [line[2:] for line in lines if line.startswith("# ")]
-        columns, *rows = [line for line in lines if line and not line.startswith("#")]
-        if columns != new[0]:  # a column added since: empty in the kept rows
-            added = [c for c in new[0].split(",") if c not in columns.split(",")]
-            rows = [",".join(dict(zip(columns.split(","), r.split(","))).get(c, "") for c in new[0].split(",")) for r in rows]
-            print(f"{name}: added the empty column(s) {added} to the kept rows")
-        kept = [r for r in rows if tuple(r.split(",")[:2]) not in rerun]
-        tables.append([new[0], *kept, *new[1:]])
-    arms = "; ".join(f"{s}: {a}" for s, a in sorted(rerun))
-    return old_head + [f"rerun of {arms}:"] + head, tables[0], tables[1]
 
 
 if __name__ == "__main__":
