@@ -23,7 +23,7 @@ half the test split. The studies:
 - ``depth``: 24 blocks of width 32 (2 heads), Xavier's initialization; Post-LN, Post-LN with
   a warm-up over 30% of the steps, DeepNorm, its up-weighted residual alone (alpha) and its
   down-scaled initialization alone (beta), Sandwich-LN, NormFormer, and Pre-LN with and without
-  the final norm; rates 3e-4, 1e-3 and 3e-3.
+  the final norm; rates 3e-4, 1e-3, 3e-3 and 1e-2.
 
 The width studies record, at every step, the largest attention logit, the lowest head's
 attention entropy and the output's log Z (``record_logits``). It writes, with provenance
@@ -53,7 +53,7 @@ from lnbook import cell_study, data, scale_study, seeds, train
 from lnbook.scale_study import BATCH, BETA2, BLOCK
 
 SCORE_BATCHES = 8
-WIDE_LRS, DEEP_LRS = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1], [3e-4, 1e-3, 3e-3]
+WIDE_LRS, DEEP_LRS = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1], [3e-4, 1e-3, 3e-3, 1e-2]
 POST = dict(norm_position="post", final_norm=False)
 DEEP = dict(n_layer=24, init="xavier")
 # (study, arm, width, settings, fit options); the largest jobs first, so that two workers finish together
@@ -92,8 +92,9 @@ def main() -> None:
     parser.add_argument("--every-val", type=int, default=50, help="steps between validation losses (a multiple of --every)")
     parser.add_argument("--studies", nargs="+", choices=scale_study.SCALE_STUDIES, default=list(scale_study.SCALE_STUDIES))
     parser.add_argument("--widths", nargs="+", type=int, help="only the jobs of these widths (default: all)")
+    parser.add_argument("--lrs", nargs="+", type=float, help="only these rates (default: each study's grid)")
     parser.add_argument("--merge", action="store_true",
-                        help="replace these jobs' rows in the files already in --out, keeping the others")
+                        help="replace these jobs' rows (of these rates, with --lrs) in the files already in --out")
     args = parser.parse_args()
     check_step_arguments(parser, args)
     if args.every_val < 1 or args.every_val % args.every or args.steps % args.every_val:
@@ -110,7 +111,7 @@ def main() -> None:
     workers = train.cpu_workers(2)
     queued = []
     for study, arm, width, settings, fit in jobs:
-        lrs = DEEP_LRS if study == "depth" else WIDE_LRS
+        lrs = args.lrs or (DEEP_LRS if study == "depth" else WIDE_LRS)
         member_seeds, member_lrs = cell_study.grid(lrs, range(args.seeds))
         schedule = scale_study.schedule(args.steps, fit.get("warm", 0.1))
         futures = seeds.start_runs(lambda w=width, s=settings: scale_study.sweep_model(corpus.vocab_size, w, **s),
@@ -146,7 +147,8 @@ def main() -> None:
         print(f"{study}, {arm}, width {width}: done at {time.perf_counter() - start:.0f} s", flush=True)
     tables = {"scale_sweep-curves.csv": curves, "scale_sweep-final.csv": final}
     if args.merge:  # each job is its own stack, so its rows do not depend on which others ran with it
-        head, merged_tables = merged(args.out, head, tables, {(q[0], q[1], str(q[2])) for q in queued})
+        keys = {(q[0], q[1], str(q[2])) + ((str(lr),) if args.lrs else ()) for q in queued for lr in q[3]}
+        head, merged_tables = merged(args.out, head, tables, keys)
         tables = dict(zip(tables, merged_tables))
     write_tables(args.out, head, tables)
 

@@ -46,7 +46,6 @@ import argparse
 import math
 import sys
 import time
-from pathlib import Path
 
 import torch
 from sigmoid_full import add_step_arguments, check_step_arguments, merged, provenance, write_tables  # this script's folder is on the path when it runs
