@@ -71,7 +71,7 @@ def test_the_reader_rejects_missing_and_malformed_files(smoke, tmp_path):
 def test_the_stored_full_run_is_complete():
     run = scale_study.stored_scale_sweep()
     assert run.seeds == [0, 1, 2, 3, 4] and set(run.cells) == set(scale_study.SCALE_STUDIES)
-    assert run.widths("scale", "Pre-LN") == [32, 128] and run.lrs("depth") == [0.0003, 0.001, 0.003]
+    assert run.widths("scale", "Pre-LN") == [32, 128, 256] and run.lrs("depth") == [0.0003, 0.001, 0.003, 0.01]
     assert {"Sandwich-LN", "NormFormer", "DeepNorm alpha only", "DeepNorm beta only"} <= set(run.arms("depth"))
     assert run.steps["sweep"][-1] == 300 and all(s.shape == (5, 25) for c, s in run.stream.items() if c[0] == "depth")
 
