@@ -14,8 +14,8 @@ the corpus's validation split is the validation split (it chooses each arm's rat
 half the test split. The studies:
 
 - ``sweep``: 2 blocks of width 64 (4 heads of 16); Pre-LN, Post-LN (no final norm), Pre-LN with
-  QK-layernorm, and no norm, each in GPT-2's initialization, and Pre-LN and no norm in Xavier's;
-  rates 1e-3 to 3e-1 in half decades.
+  QK-layernorm, and no norm, each in GPT-2's initialization, and Pre-LN, no norm and Pre-LN with
+  QK-layernorm in Xavier's; rates 3e-4 to 3e-1 in half decades.
 - ``scale``: Pre-LN and Pre-LN with QK-layernorm at widths 32, 128 and 256 (heads of 16
   features); with ``sweep``'s width 64, four sizes for Wortsman et al.'s sensitivity-against-size
   trend.
@@ -53,7 +53,7 @@ from lnbook import cell_study, data, scale_study, seeds, train
 from lnbook.scale_study import BATCH, BETA2, BLOCK
 
 SCORE_BATCHES = 8
-WIDE_LRS, DEEP_LRS = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1], [3e-4, 1e-3, 3e-3, 1e-2]
+WIDE_LRS, DEEP_LRS = [3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1], [3e-4, 1e-3, 3e-3, 1e-2]
 POST = dict(norm_position="post", final_norm=False)
 DEEP = dict(n_layer=24, init="xavier")
 # (study, arm, width, settings, fit options); the largest jobs first, so that two workers finish together
@@ -73,7 +73,8 @@ JOBS = [
       for arm, settings in (("Pre-LN", {}), ("Pre-LN + QK-norm", {"qk_norm": "layernorm"}))],
     *[("sweep", arm, 64, settings, {}) for arm, settings in (
         ("Pre-LN", {}), ("Post-LN", POST), ("Pre-LN + QK-norm", {"qk_norm": "layernorm"}), ("no norm", {"norm": "none"}),
-        ("Pre-LN (Xavier init)", {"init": "xavier"}), ("no norm (Xavier init)", {"norm": "none", "init": "xavier"}))],
+        ("Pre-LN (Xavier init)", {"init": "xavier"}), ("no norm (Xavier init)", {"norm": "none", "init": "xavier"}),
+        ("Pre-LN + QK-norm (Xavier init)", {"qk_norm": "layernorm", "init": "xavier"}))],
     *[("zloss", f"Pre-LN + z-loss {w:g}", 64, {}, {"z_loss": w}) for w in (1e-4, 1e-2)],
     *[("scale", arm, 32, settings, {}) for arm, settings in (("Pre-LN", {}), ("Pre-LN + QK-norm", {"qk_norm": "layernorm"}))],
 ]
@@ -92,6 +93,7 @@ def main() -> None:
     parser.add_argument("--every-val", type=int, default=50, help="steps between validation losses (a multiple of --every)")
     parser.add_argument("--studies", nargs="+", choices=scale_study.SCALE_STUDIES, default=list(scale_study.SCALE_STUDIES))
     parser.add_argument("--widths", nargs="+", type=int, help="only the jobs of these widths (default: all)")
+    parser.add_argument("--arms", nargs="+", help="only these arms (default: all)")
     parser.add_argument("--lrs", nargs="+", type=float, help="only these rates (default: each study's grid)")
     parser.add_argument("--merge", action="store_true",
                         help="replace these jobs' rows (of these rates, with --lrs) in the files already in --out")
@@ -103,7 +105,8 @@ def main() -> None:
     corpus = data.char_corpus()
     half = len(corpus.val) // 2
     val_ids, test_ids = corpus.val[:half], corpus.val[half:]
-    jobs = [job for job in JOBS if job[0] in args.studies and (not args.widths or job[2] in args.widths)]
+    jobs = [job for job in JOBS if job[0] in args.studies and (not args.widths or job[2] in args.widths)
+            and (not args.arms or job[1] in args.arms)]
     head = provenance(f"studies {args.studies}; seeds 0-{args.seeds - 1}; {args.steps} steps of {BATCH} windows of {BLOCK}; "
                       f"Adam beta2 {BETA2}, clip 1, linear warm-up over 10% of the steps (30% for the long warm-up), "
                       f"cosine decay to 0; width lrs {WIDE_LRS}, depth lrs {DEEP_LRS}; corpus {len(corpus.train)} train, "
