@@ -26,6 +26,7 @@ MEASURED = re.compile(r"(?<![\d.])\d+\.\d{3}(?!\d|\.\d)")  # a quoted result: 3 
 TIMED = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)\s?(?:µs|ms|GB/s|GFLOP/s)")  # a quoted time or speed
 EXERCISE = re.compile(r"^`{3,}\{exercise\}\s*\n:label: (\S+)", re.M)
 SOLUTION = re.compile(r"^`{3,}\{solution(-start)?\} (\S+)", re.M)
+UNFINISHED = re.compile(r"\bTODO\b|\bTBD\b|to write\]|\bFIXME\b")  # a placeholder left in the text
 LEAKS = re.compile(r"0x[0-9a-fA-F]{6,}|/home/|/root/|/tmp/|/Users/|[A-Z]:\\\\|site-packages|Traceback")
 
 
@@ -92,6 +93,8 @@ def problems(nb: dict, relpath: str) -> list[str]:
     printed = "".join(output_text(out) for c in code for out in c.get("outputs", []))
     for c in cells:
         if c["cell_type"] == "markdown":
+            if UNFINISHED.search(source(c)):
+                found.append(f"a markdown cell is unfinished: {UNFINISHED.search(source(c)).group(0)!r}")
             for number in MEASURED.findall(source(c)) + TIMED.findall(source(c)):
                 if number not in printed:
                     found.append(f"the text quotes {number}, which no stored output prints")
@@ -218,3 +221,10 @@ def test_hygiene_check_catches_leaks_order_and_a_wrong_badge():
     assert any("0x7f3a2b1c9d00" in p for p in found)
     assert any("restart the kernel" in p for p in found)
     assert any("Open in Colab badge" in p for p in found)
+
+
+def test_hygiene_check_catches_a_placeholder_left_in_the_text():
+    nb = load(NOTEBOOKS[0])
+    nb = copy.deepcopy(nb)
+    nb["cells"].append({"cell_type": "markdown", "metadata": {}, "source": ["**[t5: to write]**"]})
+    assert any("unfinished" in p for p in problems(nb, f"notebooks/{NOTEBOOKS[0].name}"))
