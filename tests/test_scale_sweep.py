@@ -34,7 +34,7 @@ def test_smoke_run_writes_both_files_with_provenance_and_every_arm(smoke):
         assert any(line.startswith(f"{key}: ") for line in run.provenance), key
     assert any("4 steps" in line and "seeds 0-1" in line and "beta2 0.95" in line for line in run.provenance)
     assert run.seeds == [0, 1] and set(run.cells) == {"sweep", "zloss"} and run.steps["sweep"] == [2, 4]
-    assert run.lrs("sweep") == [0.001, 0.003, 0.01, 0.03, 0.1, 0.3] and len(run.arms("sweep")) == 6
+    assert run.lrs("sweep") == [0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3] and len(run.arms("sweep")) == 7
     assert run.arms("zloss") == ["Pre-LN + z-loss 0.0001", "Pre-LN + z-loss 0.01"] and run.widths("sweep", "Pre-LN") == [64]
     for cell in run.cells["sweep"]:
         loss = run.final["test_loss"][cell]
@@ -44,7 +44,7 @@ def test_smoke_run_writes_both_files_with_provenance_and_every_arm(smoke):
         curves = run.curves
         assert np.isnan(curves["val_loss"][cell][:, 0]).all() and np.isfinite(curves["val_loss"][cell][:, 1]).all()
         assert all(np.isfinite(curves[name][cell]).all() for name in ("train_loss", "logit_max", "entropy", "log_z"))
-    assert run.grid("test_loss", "sweep", "Pre-LN", 64).shape == (6, 2)
+    assert run.grid("test_loss", "sweep", "Pre-LN", 64).shape == (7, 2)
 
 
 def test_the_reader_rejects_missing_and_malformed_files(smoke, tmp_path):
