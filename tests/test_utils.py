@@ -75,3 +75,15 @@ def test_interval_and_ci():
         utils.interval([1.0])
     with pytest.raises(ValueError, match="level must be"):
         utils.interval([1.0, 2.0], level=95)
+
+
+def test_stored_number_reads_a_cell_and_refuses_text_and_infinities():
+    import math
+
+    from lnbook.utils import stored_number
+
+    assert stored_number("2.5", "lr", "x.py") == 2.5 and math.isnan(stored_number("", "lr", "x.py"))
+    assert math.isnan(stored_number("nan", "lr", "x.py"))
+    for text, match in (("fast", "expected a number"), ("inf", "expected a finite number or nan")):
+        with pytest.raises(ValueError, match=f"benchmarks/x.py holds '{text}' in lr, {match}"):
+            stored_number(text, "lr", "x.py")

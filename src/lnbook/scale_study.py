@@ -22,7 +22,7 @@ from torch import nn
 from . import train
 from ._checks import check_number, describe
 from .transformer import GPTConfig, TinyGPT
-from .utils import stored_rows
+from .utils import stored_number, stored_rows
 
 BLOCK, BATCH, BETA2 = 32, 8, 0.95
 """The sweep's windows of characters, windows per step, and Adam's beta2 (Wortsman et al.'s)."""
@@ -119,18 +119,12 @@ class StoredScaleSweep:
         return np.array([self.final[column][(study, arm, width, lr)] for lr in self.lrs(study)])
 
 
-def _number(text: str, where: str) -> float:
-    try:
-        return float(text) if text else math.nan
-    except ValueError:
-        raise ValueError(f"the stored scale sweep holds {text!r} in {where}, expected a number") from None
-
-
 def stored_scale_sweep(path: str | Path | None = None) -> StoredScaleSweep:
     """The stored run of ``benchmarks/scale_sweep.py`` (``scale_sweep-curves.csv`` and
     ``scale_sweep-final.csv``) from the folder ``path``, by default ``lnbook/results/`` as
     installed with the package. Raises FileNotFoundError for a missing file and ValueError for
     a malformed or inconsistent one."""
+    number = functools.partial(stored_number, script="scale_sweep.py")  # one cell of its tables
     folder = resources.files("lnbook") / "results" if path is None else Path(path)
     provenance, curve_rows = stored_rows(folder, "scale_sweep-curves.csv", SCALE_CURVE_COLUMNS, "scale_sweep.py")
     _, final_rows = stored_rows(folder, "scale_sweep-final.csv", SCALE_FINAL_COLUMNS, "scale_sweep.py")
@@ -138,7 +132,7 @@ def stored_scale_sweep(path: str | Path | None = None) -> StoredScaleSweep:
     def key(r: dict[str, str]) -> tuple[str, str, int, float, int]:
         if r["study"] not in SCALE_STUDIES:
             raise ValueError(f"the stored scale sweep's studies must be among {SCALE_STUDIES}, got {r['study']!r}")
-        return r["study"], r["arm"], int(_number(r["width"], "width")), _number(r["lr"], "lr"), int(_number(r["seed"], "seed"))
+        return r["study"], r["arm"], int(number(r["width"], "width")), number(r["lr"], "lr"), int(number(r["seed"], "seed"))
 
     final: dict[tuple, dict[str, str]] = {}
     for r in final_rows:
@@ -151,21 +145,21 @@ def stored_scale_sweep(path: str | Path | None = None) -> StoredScaleSweep:
         raise ValueError(f"scale_sweep-final.csv must hold every seed {describe(seeds)} of every arm, width and rate")
     curve: dict[tuple, dict[int, dict[str, str]]] = {}
     for r in curve_rows:
-        curve.setdefault(key(r), {})[int(_number(r["step"], "step"))] = r
+        curve.setdefault(key(r), {})[int(number(r["step"], "step"))] = r
     if set(curve) - set(final):
         raise ValueError("scale_sweep-curves.csv holds runs that scale_sweep-final.csv does not")
     studies = [s for s in SCALE_STUDIES if any(c[0] == s for c in cells)]
     steps = {s: sorted({t for k, v in curve.items() if k[0] == s for t in v}) for s in studies}
-    losses = [_number(r[c], c) for r in final.values() for c in ("val_loss", "test_loss")]
+    losses = [number(r[c], c) for r in final.values() for c in ("val_loss", "test_loss")]
     if any(v < 0 for v in losses if math.isfinite(v)):
         raise ValueError("the stored scale sweep holds a negative loss")
     stream = {}
     for c in cells:
-        rows = [[_number(v, "stream_rms") for v in final[(*c, s)]["stream_rms"].split(";")] for s in seeds]
+        rows = [[number(v, "stream_rms") for v in final[(*c, s)]["stream_rms"].split(";")] for s in seeds]
         stream[c] = np.array(rows) if len({len(r) for r in rows}) == 1 else np.full((len(seeds), 1), math.nan)
     return StoredScaleSweep(
         provenance=provenance, seeds=seeds, cells={s: [c for c in cells if c[0] == s] for s in studies}, steps=steps,
-        final={name: {c: np.array([_number(final[(*c, s)][name], name) for s in seeds]) for c in cells} for name in FINALS},
+        final={name: {c: np.array([number(final[(*c, s)][name], name) for s in seeds]) for c in cells} for name in FINALS},
         stream=stream,
-        curves={name: {c: np.array([[_number(curve.get((*c, s), {}).get(t, {}).get(name, ""), name) for t in steps[c[0]]]
+        curves={name: {c: np.array([[number(curve.get((*c, s), {}).get(t, {}).get(name, ""), name) for t in steps[c[0]]]
                                     for s in seeds]) for c in cells} for name in CURVES})

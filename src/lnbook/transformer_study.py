@@ -11,6 +11,7 @@ population statistics, so that a leak is never confused with stale running avera
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from . import train
 from ._checks import check_int, check_positive_int, describe
 from .norms import DyT, batch_statistics
 from .transformer import GPTConfig, TinyGPT, block_grad_norms
-from .utils import seed_everything, stored_rows
+from .utils import seed_everything, stored_number, stored_rows
 
 
 class Frequencies(nn.Module):
@@ -256,21 +257,12 @@ class StoredTinyGPT:
     curves: dict[tuple[str, str, float], np.ndarray]
 
 
-def _number(text: str, where: str) -> float:
-    try:
-        value = float(text) if text else math.nan
-    except ValueError:
-        raise ValueError(f"the stored tiny_gpt run holds {text!r} in {where}, expected a number") from None
-    if math.isinf(value):
-        raise ValueError(f"the stored tiny_gpt run holds {text!r} in {where}, expected a finite number or nan")
-    return value
-
-
 def stored_tiny_gpt(path: str | Path | None = None) -> StoredTinyGPT:
     """The stored run of ``benchmarks/tiny_gpt.py`` (``tiny_gpt-curves.csv`` and
     ``tiny_gpt-final.csv``) from the folder ``path``, by default ``lnbook/results/`` as
     installed with the package. Raises FileNotFoundError for a missing file and ValueError for
     a malformed or inconsistent one."""
+    number = functools.partial(stored_number, script="tiny_gpt.py")  # one cell of its tables
     folder = resources.files("lnbook") / "results" if path is None else Path(path)
     provenance, curve_rows = stored_rows(folder, "tiny_gpt-curves.csv", TINY_GPT_CURVE_COLUMNS, "tiny_gpt.py")
     _, final_rows = stored_rows(folder, "tiny_gpt-final.csv", TINY_GPT_FINAL_COLUMNS, "tiny_gpt.py")
@@ -278,14 +270,14 @@ def stored_tiny_gpt(path: str | Path | None = None) -> StoredTinyGPT:
     for r in final_rows:
         if r["study"] not in TINY_GPT_STUDIES:
             raise ValueError(f"the stored tiny_gpt run's studies must be among {TINY_GPT_STUDIES}, got {r['study']!r}")
-        key = (r["study"], r["arm"], _number(r["lr"], "lr"), check_int(int(_number(r["seed"], "seed")), "seed"))
+        key = (r["study"], r["arm"], number(r["lr"], "lr"), check_int(int(number(r["seed"], "seed")), "seed"))
         if key in final:
             raise ValueError(f"tiny_gpt-final.csv holds {key} twice")
         final[key] = r
     curve: dict[tuple[str, str, float, int], dict[int, float]] = {}
     for r in curve_rows:
-        key = (r["study"], r["arm"], _number(r["lr"], "lr"), int(_number(r["seed"], "seed")))
-        curve.setdefault(key, {})[int(_number(r["step"], "step"))] = _number(r["val_loss"], "val_loss")
+        key = (r["study"], r["arm"], number(r["lr"], "lr"), int(number(r["seed"], "seed")))
+        curve.setdefault(key, {})[int(number(r["step"], "step"))] = number(r["val_loss"], "val_loss")
     if set(curve) - set(final):
         raise ValueError("tiny_gpt-curves.csv holds runs that tiny_gpt-final.csv does not")
     seeds = sorted({k[3] for k in final})
@@ -299,7 +291,7 @@ def stored_tiny_gpt(path: str | Path | None = None) -> StoredTinyGPT:
     steps = {s: sorted({t for k, v in curve.items() if k[0] == s for t in v}) for s in studies}
 
     def column(name: str) -> dict[tuple[str, str, float], np.ndarray]:
-        return {c: np.array([_number(final[(*c, s)][name], name) for s in seeds]) for c in cells}
+        return {c: np.array([number(final[(*c, s)][name], name) for s in seeds]) for c in cells}
 
     val, test = column("val_loss"), column("test_loss")
     if any((v[np.isfinite(v)] < 0).any() for v in (*val.values(), *test.values())):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import inspect
+import math
 import random
 import textwrap
 from collections.abc import Sequence
@@ -117,6 +118,18 @@ def show_source(obj: object) -> Source:
             f"got {type(obj).__name__}"
         ) from None
     return Source(textwrap.dedent(code))
+
+
+def stored_number(text: str, where: str, script: str) -> float:
+    """One cell of a stored run's table as a number: empty is ``nan``; anything else must be a
+    finite number or ``nan`` (a ValueError names ``benchmarks/<script>``'s run and the column)."""
+    try:
+        value = float(text) if text else math.nan
+    except ValueError:
+        raise ValueError(f"the stored run of benchmarks/{script} holds {text!r} in {where}, expected a number") from None
+    if math.isinf(value):
+        raise ValueError(f"the stored run of benchmarks/{script} holds {text!r} in {where}, expected a finite number or nan")
+    return value
 
 
 def stored_rows(folder: Path | Traversable, name: str, columns: list[str], script: str) -> tuple[list[str], list[dict[str, str]]]:
