@@ -149,7 +149,8 @@ def main() -> None:
             final.append(f"{cell},{scores[0]:.6f},{scores[1]:.6f}," + ",".join(recorded) + f",{rms}")
         print(f"{study}, {arm}, width {width}: done at {time.perf_counter() - start:.0f} s", flush=True)
     tables = {"scale_sweep-curves.csv": curves, "scale_sweep-final.csv": final}
-    if args.merge:  # each job is its own stack, so its rows do not depend on which others ran with it
+    if args.merge:  # each job is its own stack, so its rows do not depend on the other jobs; with --lrs the stack
+        # holds only those rates, and its largest rate (which sets the float rounding) may differ from a full run's
         keys = {(q[0], q[1], str(q[2])) + ((str(lr),) if args.lrs else ()) for q in queued for lr in q[3]}
         head, merged_tables = merged(args.out, head, tables, keys)
         tables = dict(zip(tables, merged_tables))
