@@ -351,6 +351,15 @@ class TinyGPT(nn.Module):
                         weight.mul_(beta)
 
     def forward(self, idx: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.embed(idx, mask)
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.head(self.norm_f(x, mask))
+
+    def embed(self, idx: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The residual stream entering the first block, ``(B, T, d_model)`` (``(S, B, T,
+        d_model)`` for S seeds): the token and position embeddings summed (then the embedding
+        norm and dropout), after checking ``idx`` and ``mask`` as :meth:`forward` takes them."""
         shape = "(B, T)" if getattr(self, "members", None) is None else f"(S, B, T) with S = {self.members} seeds"
         if not isinstance(idx, torch.Tensor) or idx.ndim != len(shape.split(",")) or idx.dtype != torch.int64:
             raise ValueError(f"idx must be an int64 tensor of shape {shape}, got {describe(idx)}")
@@ -367,10 +376,7 @@ class TinyGPT(nn.Module):
         x = tok + self.pos(positions)
         if self.cfg.embed_norm:
             x = self.norm_e(x, mask)
-        x = self.drop(x)
-        for block in self.blocks:
-            x = block(x, mask)
-        return self.head(self.norm_f(x, mask))
+        return self.drop(x)
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Mean next-token cross-entropy over the real positions; ``targets (B, T)``. A model of
