@@ -335,3 +335,24 @@ def test_the_notebook_runner_executes_notebooks_and_reports_failures(tmp_path):
     rows = {r["notebook"]: r for r in csv.DictReader(open(csv_path))}
     assert rows["good.ipynb"]["status"] == "ok" and rows["bad.ipynb"]["status"] == "failed"
     assert "planted" in rows["bad.ipynb"]["error"] and rows["good.ipynb"]["torch"] == torch.__version__
+
+
+def test_an_unused_sum_of_the_fused_add_costs_no_gradient_traffic():
+    """Only y is used (the last block's add into the final norm): autograd hands the backward no
+    zero gradient for the sum, so nothing of the sum's size is written or read for it."""
+    from lnbook import bench
+    from lnbook.kernels import add_layer_norm
+
+    m, n = 16, 64
+    x, r, dy, ds = (torch.randn(m, n, device=DEVICE) for _ in range(4))
+    w, b = (torch.randn(n, device=DEVICE, requires_grad=True) for _ in range(2))
+
+    def backward_ops(use_sum):
+        leaves = [t.clone().requires_grad_() for t in (x, r)]
+        y, s = add_layer_norm(*leaves, w, b)
+        return bench.list_op_traffic(lambda: torch.autograd.backward([y, s] if use_sum else [y], [dy, ds] if use_sum else [dy]))
+
+    alone, both = backward_ops(False), backward_ops(True)
+    read = {k: sum(op.read for op in ops if op.name == "norm_backward") for k, ops in (("alone", alone), ("both", both))}
+    assert read["both"] - read["alone"] == m * n * 4  # the sum's gradient, read only when it exists
+    assert not [op for op in alone if op.name.startswith("zeros") and op.written >= m * n * 4]

@@ -345,6 +345,7 @@ def _add_setup_context(ctx, inputs, output):
     _, total, mean, rstd = output
     ctx.save_for_backward(total, weight, mean, rstd)
     ctx.has_bias, ctx.rms, ctx.max_block = bias is not None, rms, max_block
+    ctx.set_materialize_grads(False)  # an unused sum gets no zero gradient to write and read back
 
 
 def _add_backward_formula(ctx, dy, dsum, dmean, drstd):
