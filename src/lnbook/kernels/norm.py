@@ -198,8 +198,9 @@ CPU_PROGRAMS = 4
 def backward_waves(warps: int) -> int:
     """Backward programs per multiprocessor the grid aims at: as many as stay resident together
     on a T4, an A100 and an H100 (the compile check's occupancy, checked by the tests): three
-    programs of up to 8 warps (at most 80 registers a thread), two of 16."""
-    return 2 if warps > 8 else 3
+    programs of up to 8 warps (at most 80 registers a thread), two of 16 (at most 64), one of 32
+    (a whole 8192-column row, or a 4096-column float32 row)."""
+    return 1 if warps > 16 else 2 if warps > 8 else 3
 
 
 def backward_programs(m: int, n: int, the_plan: Plan, multiprocessors: int | None) -> int:
@@ -248,7 +249,7 @@ def _launch_forward(x, residual, weight, bias, eps, rms, max_block, out_dtype):
             _forward[(-(-m // p.rows),)](
                 x, residual if residual is not None else x, total, y, weight, bias if bias is not None else weight, mean, rstd,
                 m, n, eps, BLOCK=p.block, ROWS=p.rows, SINGLE=p.single, RMS=rms, HAS_BIAS=bias is not None,
-                HAS_RESIDUAL=residual is not None, num_warps=p.warps,
+                HAS_RESIDUAL=residual is not None, num_warps=p.warps, maxnreg=p.maxnreg,
             )
     return y.to(out_dtype), total.to(x.dtype), mean, rstd
 
@@ -305,11 +306,11 @@ def norm_backward(
             c1 = c2 = mean
             if not p.single:
                 c1, c2 = torch.empty_like(mean), torch.empty_like(mean)
-                _row_sums[(m,)](x, dy, weight, mean, rstd, c1, c2, n, BLOCK=p.block, RMS=rms, num_warps=p.warps)
+                _row_sums[(m,)](x, dy, weight, mean, rstd, c1, c2, n, BLOCK=p.block, RMS=rms, num_warps=p.warps, maxnreg=p.maxnreg)
             _backward[(programs, -(-n // p.block))](
                 x, dy, dsum if dsum is not None else dy, dx, weight, mean, rstd, c1, c2, dw, db, m, n,
                 BLOCK=p.block, ROWS=p.rows, SINGLE=p.single, RMS=rms, HAS_BIAS=has_bias, HAS_DSUM=dsum is not None,
-                num_warps=p.warps,
+                num_warps=p.warps, maxnreg=p.maxnreg,
             )
     else:
         dw.zero_()
