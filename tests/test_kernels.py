@@ -13,6 +13,10 @@ import pytest
 import torch
 
 from lnbook.kernels import layer_norm, rms_norm
+from lnbook.kernels.norm import _rounded
+
+import triton  # after lnbook.kernels, which turns the interpreter on without a GPU
+import triton.language as tl
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -232,3 +236,23 @@ def test_fused_modules_reject_multi_dimensional_shapes():
 
     with pytest.raises(ValueError, match="last dimension only"):
         FusedLayerNorm((4, 5))
+
+
+@triton.jit
+def _round_to_bfloat16(X, Y, n, BLOCK: tl.constexpr):
+    cols = tl.arange(0, BLOCK)
+    tl.store(Y + cols, _rounded(tl.load(X + cols, mask=cols < n), tl.bfloat16), mask=cols < n)
+
+
+def test_rounding_to_bfloat16_by_bits_keeps_nan_and_matches_torch():
+    """_rounded (the bfloat16 rounding the fused residual add runs on the GPU too) against
+    torch's conversion, on special values: a NaN must stay a NaN whatever its payload (the
+    rounding's carry once turned the GPU's canonical NaN 0x7FFFFFFF into -0.0)."""
+    bits = torch.tensor([0x7FFFFFFF, 0xFFFFFFFF, 0x7F800001, 0x7FC00000, 0x7F800000, 0xFF800000, 0x3F800000,
+                         0x3F808000, 0x3F818000, 0x7F7FFFFF, 0x00000001, 0x80000000], dtype=torch.int64)
+    x = bits.to(torch.int32).view(torch.float32).to(DEVICE)  # wraps the high ones to their int32 bit patterns
+    y = torch.empty_like(x)
+    _round_to_bfloat16[(1,)](x, y, x.numel(), BLOCK=16)
+    want = x.to(torch.bfloat16).float()
+    assert torch.equal(y.isnan(), want.isnan()), (y, want)
+    assert torch.equal(y[~want.isnan()], want[~want.isnan()])

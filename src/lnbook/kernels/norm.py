@@ -38,11 +38,12 @@ def _sum(x, axis: tl.constexpr):
 @triton.jit
 def _rounded(v, DTYPE: tl.constexpr):
     """v (float32) rounded to DTYPE, to nearest, ties to even, and back to float32. bfloat16 by
-    its bits, because Triton's interpreter rounds a conversion to bfloat16 toward zero."""
+    its bits, because Triton's interpreter rounds a conversion to bfloat16 toward zero; a NaN
+    stays a NaN (the carry of the rounding would turn some NaNs into zero or infinity)."""
     if DTYPE == tl.bfloat16:
         bits = v.to(tl.uint32, bitcast=True)
         bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-        return bits.to(tl.float32, bitcast=True)
+        return tl.where(v != v, v, bits.to(tl.float32, bitcast=True))
     else:
         return v.to(DTYPE).to(tl.float32)
 
