@@ -203,6 +203,10 @@ def test_gpu_benchmark_script_runs_end_to_end_in_smoke_mode(tmp_path):
     assert all(det[name, "float32"]["dw_max_rel_error_vs_float64"] < 1e-5 for name, _ in det)  # both kernels are right
     assert len(report["bf16_rounding"]) == 4 * 2 and all(0 <= r["frac_equal_float32_rounded"] <= 1 for r in report["bf16_rounding"])
     assert all(r["y_invariant"] and r["dx_invariant"] for r in report["batch_invariance"] if r["implementation"] == "triton (lnbook)")
+    from lnbook.bench import gpu_results  # the reader chapter 08 uses for committed runs
+
+    (run,) = gpu_results(tmp_path)
+    assert run.rows == rows and run.checks == report
     assert os.path.getsize(png_path) > 0
 
 

@@ -258,6 +258,31 @@ def write_csv(rows: Sequence[Mapping[str, object]], path: str | os.PathLike, dev
     return path
 
 
+class GpuRun(NamedTuple):
+    """One run of ``benchmarks/layernorm_gpu.py``: its timing rows (the CSV, as strings) and its
+    checks (the ``-checks.json`` written beside it, or None when it is missing)."""
+
+    csv: Path
+    rows: list[dict[str, str]]
+    checks: dict | None
+
+
+def gpu_results(folder: str | os.PathLike) -> list[GpuRun]:
+    """Every run of ``benchmarks/layernorm_gpu.py`` stored in ``folder`` (the CSVs that time
+    lnbook's kernel), in the order of their file names; an empty list when there is none."""
+    import json
+
+    runs = []
+    for path in sorted(Path(folder).glob("*.csv")):
+        with path.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+        if not any(r.get("implementation") == "triton (lnbook)" for r in rows):
+            continue  # another benchmark's table
+        checks = path.with_name(path.stem + "-checks.json")
+        runs.append(GpuRun(path, rows, json.loads(checks.read_text()) if checks.exists() else None))
+    return runs
+
+
 def saved_bytes(fn: Callable[[], torch.Tensor], exclude: Sequence[torch.Tensor] = ()) -> tuple[int, torch.Tensor]:
     """Run ``fn()`` and count the bytes of the tensors autograd saves for its backward pass,
     each storage once (a view of a kept storage adds nothing), leaving out the storages of
