@@ -84,6 +84,7 @@ def test_rows_longer_than_a_block_loop_over_blocks(rms):
     check(rms, 2, 9000, torch.float32)  # an unaligned long row: blocks of 2048 forward, 1024 backward
 
 
+@pytest.mark.skipif(DEVICE == "cpu", reason="the interpreter runs a grid's programs in a fixed order, so any kernel repeats there")
 @pytest.mark.parametrize("max_block", [None, 256])
 def test_backward_is_bitwise_repeatable(max_block):
     x, w, b, dy = inputs(37, 1151, torch.float32)

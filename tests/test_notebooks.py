@@ -59,6 +59,9 @@ def problems(nb: dict, relpath: str) -> list[str]:
                 found.append(f"code cell {i} stores two {after.get('name')} outputs in a row, which the book shows as "
                              "two boxes: merge them into one (re-execute with a runner that merges streams)")
                 break
+        if "show_source(" in source(c) and not outputs:
+            found.append(f"code cell {i} calls show_source but stores no output: the book would show no code "
+                         "(inside a loop, display(show_source(...)))")
         for out in outputs:
             if out.get("output_type") == "error":
                 found.append(f"code cell {i} stores an error: {out.get('ename')}")
