@@ -35,12 +35,17 @@ def _sum(x, axis: tl.constexpr):
     return tl.reduce(x, axis, tl.standard._sum_combine)
 
 
+# Triton's interpreter rounds a conversion to bfloat16 toward zero, where a GPU rounds to nearest,
+# ties to even (and keeps NaNs). Read once, when the kernels are defined, as Triton reads it.
+_ROUND_BY_BITS = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"))
+
+
 @triton.jit
 def _rounded(v, DTYPE: tl.constexpr):
-    """v (float32) rounded to DTYPE, to nearest, ties to even, and back to float32. bfloat16 by
-    its bits, because Triton's interpreter rounds a conversion to bfloat16 toward zero; a NaN
-    stays a NaN (the carry of the rounding would turn some NaNs into zero or infinity)."""
-    if DTYPE == tl.bfloat16:
+    """v (float32) rounded to DTYPE, to nearest, ties to even, and back to float32. Under the
+    interpreter bfloat16 is rounded by its bits, a NaN kept a NaN (the rounding's carry would
+    turn some NaNs into zero or infinity); compiled, by the GPU's own conversion."""
+    if DTYPE == tl.bfloat16 and _ROUND_BY_BITS:
         bits = v.to(tl.uint32, bitcast=True)
         bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
         return tl.where(v != v, v, bits.to(tl.float32, bitcast=True))
