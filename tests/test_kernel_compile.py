@@ -117,6 +117,76 @@ def test_the_check_compiles_what_the_launcher_launches():
     assert len(distinct) < 2 * len(cc.DEFAULT_NS)
 
 
+def test_the_grid_compiles_every_kernel_of_rows_shorter_than_64_columns_once():
+    """Below 64 columns, one N per distinct kernel: every N from 1 to 63 launches only kernels
+    that SHORT_NS compiles, and each N of SHORT_NS adds kernels of its own."""
+    def kernels(n):
+        return {k for v in cc.variants() for ks in cc.configs(n, v.dtype, v.rms, None, v.residual, v.bias, v.weights, v.out).values()
+                for k in ks}
+
+    assert set(cc.SHORT_NS) <= set(cc.DEFAULT_NS) and max(cc.SHORT_NS) < plan_module.SHORT_ROW
+    short = {n: kernels(n) for n in cc.SHORT_NS}
+    covered = set().union(*short.values())
+    for n in range(1, plan_module.SHORT_ROW):
+        assert kernels(n) <= covered, n
+    for n, own in short.items():
+        assert own - set().union(*(ks for m, ks in short.items() if m != n)), n
+    assert {k.unit for k in short[1]} == {True} and not any(k.unit for n in cc.SHORT_NS[1:] for k in short[n])
+
+
+SPECIALIZATION = """
+import torch
+from triton.backends.compiler import GPUTarget
+from triton.compiler.compiler import make_backend
+from triton.runtime.jit import create_function_from_signature
+from lnbook.kernels import compile_check as cc, norm
+
+backend = make_backend(GPUTarget("cuda", 90, 32))
+checked = 0
+for fn, name in ((norm._forward, "forward"), (norm._backward, "backward")):
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    names = [p.name for p in fn.params]
+    for n in (1, 7, 16, 1151):
+        for v in cc.variants():
+            k = cc.configs(n, v.dtype, v.rms, None, v.residual, v.bias, v.weights, v.out)[name][-1]
+            m = 37
+            x, y, w = torch.zeros(m, n, dtype=v.dtype), torch.zeros(m, n, dtype=v.out), torch.zeros(n, dtype=v.weights)
+            stats, partial = torch.zeros(m), torch.zeros(4, n)
+            const = dict(BLOCK=k.block, ROWS=k.rows, SINGLE=k.single, RMS=k.rms, HAS_BIAS=k.bias)
+            if name == "forward":  # the arguments _launch_forward passes
+                args = (x, x, x if v.residual else y, y, w, w, stats, stats, m, n, 1e-5)
+                const["HAS_RESIDUAL"] = k.residual
+            else:  # and norm_backward
+                args = (x, y, x if v.residual else y, x, w, stats, stats, stats, stats, partial, partial, m, n)
+                const["HAS_DSUM"] = k.residual
+            options = dict(num_warps=k.warps) | ({"maxnreg": k.maxnreg} if k.maxnreg else {})
+            bound, specialization, parsed = binder(*args, **const, **options)
+            _, signature, constexprs, attrs = fn._pack_args(backend, const | options, bound, specialization, parsed)
+            ours, our_const, our_attrs = cc._signature(k)
+            assert signature == ours, (k, signature, ours)
+            assert constexprs == {(names.index(key),): value for key, value in our_const.items()}, (k, constexprs, our_const)
+            assert {key: [tuple(a) for a in value] for key, value in attrs.items() if value} == {
+                key: [tuple(a) for a in value] for key, value in our_attrs.items()}, (k, attrs, our_attrs)
+            checked += 1
+print(checked)
+"""
+
+
+@needs_ptxas
+def test_the_signature_the_check_compiles_is_tritons_own_specialization_of_the_launch():
+    """Triton's launcher specializes the arguments (pointer alignment, N divisible by 16, N = 1
+    a constant); its own binder, given the launcher's arguments, must give the signature,
+    constants and attributes that the check compiles (in a process that does not interpret)."""
+    import os
+    import subprocess
+    import sys
+
+    env = os.environ | {"TRITON_INTERPRET": "0"}
+    child = subprocess.run([sys.executable, "-c", SPECIALIZATION], capture_output=True, text=True, env=env, timeout=300)
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert int(child.stdout) == 2 * 4 * len(cc.variants())
+
+
 def test_the_variants_are_every_norm_residual_and_dtype_the_package_launches():
     found = cc.variants()
     assert len(found) == len(set(found)) == 46
@@ -128,6 +198,9 @@ def test_the_variants_are_every_norm_residual_and_dtype_the_package_launches():
         assert not (v.rms and v.out != v.dtype) and not (v.rms and v.bias)
     assert {(v.residual, v.dtype) for v in found} == {(r, t) for r in (False, True) for t in plan_module.DTYPES}
     assert len(cc.variants(mixed=False)) == 18 and len(cc.variants(residual_dtypes=(), mixed=False)) == 9
+
+
+NS_LAUNCHED = (1, 24, 64, 1151)
 
 
 def test_every_launch_the_package_makes_is_a_kernel_the_check_compiles(monkeypatch):
@@ -165,7 +238,9 @@ def test_every_launch_the_package_makes_is_a_kernel_the_check_compiles(monkeypat
         yield FusedRMSNorm(x.shape[-1], elementwise_affine=False).add_forward(x, r)[1]
 
     def run_all(dtypes, weights):
-        for n in (64, 1151):  # short rows packed in tiles; an unaligned row cut into blocks backward
+        # N = 1 (a constant to Triton), rows shorter than 64 columns and 64, short rows packed in
+        # tiles, and an unaligned row cut into blocks backward
+        for n in NS_LAUNCHED:
             for dtype in dtypes:
                 g = torch.Generator().manual_seed(0)
                 x, r = (torch.randn(3, n, generator=g).to(dtype).requires_grad_() for _ in range(2))
@@ -184,19 +259,19 @@ def test_every_launch_the_package_makes_is_a_kernel_the_check_compiles(monkeypat
              "backward": ["X", "DY", "DS", "DX", "W", "Mean", "Rstd", "C1", "C2", "DW", "DB", "M", "N"]}
     types = {dtype: f"*{name}" for dtype, name in cc._TRITON_TYPES.items()}
     compiled = {n: {k for v in cc.variants() for ks in cc.configs(n, v.dtype, v.rms, None, v.residual, v.bias, v.weights, v.out).values()
-                    for k in ks} for n in (64, 1151)}
+                    for k in ks} for n in NS_LAUNCHED}
     seen = set()
     for name, args, kw in launched:
         a = dict(zip(names[name], args))
         t = {key: cc._TRITON_TYPES[value.dtype] for key, value in a.items() if isinstance(value, torch.Tensor)}
         y = t["Y"] if name == "forward" else t["DY"]
         k = cc.Kernel(name, t["X"], kw["RMS"], kw["BLOCK"], kw.get("ROWS", 1), kw.get("SINGLE", False), kw["num_warps"], a["N"] % 16 == 0,
-                      kw.get("HAS_RESIDUAL", kw.get("HAS_DSUM", False)), kw.get("HAS_BIAS", False), t["W"], y, kw["maxnreg"])
+                      kw.get("HAS_RESIDUAL", kw.get("HAS_DSUM", False)), kw.get("HAS_BIAS", False), t["W"], y, kw["maxnreg"], a["N"] == 1)
         assert k in compiled[a["N"]], k
         signature = cc._signature(k)[0]
         assert {key: signature[key] for key in t} == {key: types[a[key].dtype] for key in t}, k
         seen.add(k)
-    assert len({k.kernel for k in seen}) == 3 and len(seen) > 100
+    assert len({k.kernel for k in seen}) == 3 and len(seen) > 100 and any(k.unit for k in seen)
 
 
 @pytest.mark.parametrize(

@@ -110,6 +110,35 @@ def test_poisoned_output_buffers_are_fully_overwritten(max_block):
         assert torch.isfinite(q).all() and torch.equal(p, q)
 
 
+def test_rows_shorter_than_64_columns_take_4_elements_a_thread_in_tiles_of_at_least_512():
+    """The tiling of short rows (lnbook.kernels.tiling's docstring): every program of rows of
+    1-63 columns has 4 or 8 warps (a 1-warp program leaves a T4 with 16 resident warps), 4
+    elements a thread, no register cap; from 64 columns on, the rule of longer rows."""
+    from lnbook.kernels.tiling import DTYPES, Plan, plan
+
+    for n in range(1, 64):
+        for dtype in DTYPES:
+            for backward in (False, True):
+                p = plan(n, dtype, backward=backward)
+                assert p.single and p.block == max(16, 1 << (n - 1).bit_length()) and p.maxnreg is None, (n, p)
+                assert p.rows * p.block >= 512 and p.warps in (4, 8) and p.rows * p.block == 4 * 32 * p.warps, (n, p)
+    bf16 = torch.bfloat16
+    assert plan(7, bf16) == plan(16, bf16, backward=True) == Plan(16, 32, 4, True)
+    assert plan(24, bf16) == plan(32, bf16, backward=True) == Plan(32, 16, 4, True)
+    assert plan(63, bf16) == plan(48, bf16, backward=True) == Plan(64, 16, 8, True)
+    assert plan(64, bf16) == plan(64, bf16, backward=True) == Plan(64, 16, 4, True)  # 8 elements a thread
+    assert plan(65, bf16, backward=True) == Plan(128, 16, 16, True)  # unaligned backward: 4
+    assert plan(24, bf16, max_block=16) == Plan(16, 1, 1, False)  # cut into blocks: the long-row path
+
+
+@pytest.mark.parametrize("dtype", TOL, ids=str)
+def test_short_rows_in_tiles_of_32_and_16_rows(dtype):
+    # 150 rows: tiles of 32 rows of 16 columns (the last one partial), more tiles than the
+    # interpreter's backward programs, so that a program loops over tiles
+    for rms, m, n in ((False, 150, 16), (True, 150, 13), (False, 37, 24), (True, 37, 32), (False, 37, 48), (True, 5, 63)):
+        check(rms, m, n, dtype)
+
+
 def test_any_leading_shape_and_non_contiguous_input():
     x, w, b, _ = inputs(6, 40, torch.float32)
     x3 = x.reshape(2, 3, 40)

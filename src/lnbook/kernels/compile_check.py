@@ -8,8 +8,9 @@ the spill stack and the shared memory per program out of it. From those and each
 
 The kernels compiled are exactly those the package launches: the block, rows per tile, warps
 and path come from :func:`lnbook.kernels.tiling.plan`, and N's divisibility by 16 (which Triton
-specializes on) from N itself. Many N share one compiled kernel, so :func:`configs` collapses
-a grid of N to its distinct kernels before anything is compiled. Every compile-time variant the
+specializes on) from N itself, as does N = 1 (which Triton compiles as the constant 1). Many N
+share one compiled kernel, so :func:`configs` collapses a grid of N to its distinct kernels
+before anything is compiled. Every compile-time variant the
 package can launch is in the default grid (:func:`variants`): LayerNorm with and without a bias,
 RMSNorm, each with the fused residual add or without, x in each dtype, and, for float16 and
 bfloat16 x, the float32 weights and float32 y of mixed precision (``torch.autocast``, a norm
@@ -64,16 +65,20 @@ GPUS = (
     Gpu("A100", 80, max_warps=64, max_blocks=32, shared_per_sm=164 * 1024, reserved_shared=1024),
     Gpu("H100", 90, max_warps=64, max_blocks=32, shared_per_sm=228 * 1024, reserved_shared=1024),
 )
-# Row lengths with every tiling of aligned rows (N a multiple of 16) from 64 columns up and of
-# unaligned rows from 512 up, whole or in blocks; shorter rows' tilings are not in it.
-DEFAULT_NS = (64, 128, 256, 512, 768, 1000, 1024, 1151, 2048, 3000, 4096, 5000, 8192, 12288, 16384, 32768, 65536)
+# Row lengths with every tiling of rows shorter than 64 columns, of aligned rows (N a multiple
+# of 16) and of unaligned rows from 512 up, whole or in blocks (not in it: unaligned rows of
+# 65-511 columns). Below 64 columns one N per kernel (tiling's rule for short rows): 1 (a
+# constant to Triton), 7, 24 and 63 (blocks of 16, 32 and 64), and 16, 32 and 48 (aligned).
+SHORT_NS = (1, 7, 16, 24, 32, 48, 63)
+DEFAULT_NS = SHORT_NS + (64, 128, 256, 512, 768, 1000, 1024, 1151, 2048, 3000, 4096, 5000, 8192, 12288, 16384, 32768, 65536)
 _TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
 @dataclass(frozen=True)
 class Kernel:
     """One compiled kernel: which function, its compile-time constants and its warps.
-    ``divisible``: N (and the row length in the offsets) is a multiple of 16."""
+    ``divisible``: N (and the row length in the offsets) is a multiple of 16; ``unit``: N is 1,
+    which Triton compiles as a constant (as it does any integer argument equal to 1)."""
 
     kernel: str  # "forward", "row_sums" or "backward"
     dtype: str  # "fp16", "bf16" or "fp32": x (and the residual, the sum s, dx)
@@ -88,6 +93,7 @@ class Kernel:
     weights: str = ""  # the dtype of the weight and bias; "" = dtype
     out: str = ""  # the dtype of y (forward) and of dy (backward); "" = dtype
     maxnreg: int | None = None  # the launch's register cap (Plan.maxnreg)
+    unit: bool = False  # N == 1, a constant
 
     def __post_init__(self) -> None:
         # one spelling per compiled kernel, so that equal kernels compare equal
@@ -142,9 +148,10 @@ def variants(
     Left out: weights of another half dtype than x's, float32 x with half weights, a weight and a
     bias of different dtypes (only a direct call with such tensors launches them); one-row
     inputs, for which Triton compiles M as the constant 1 (one program runs: neither a spill nor
-    the occupancy can slow it measurably); row lengths of 1, which Triton makes a constant too;
-    pointers not 16-byte aligned (views at an odd offset into a larger buffer). M's divisibility
-    by 16, which Triton also specializes on, leaves the kernels' code unchanged.
+    the occupancy can slow it measurably); pointers not 16-byte aligned (views at an odd offset
+    into a larger buffer). M's divisibility by 16, which Triton also specializes on, leaves the
+    kernels' code unchanged. (N = 1, which Triton compiles as a constant too, is a kernel of its
+    own: :func:`configs` gives it.)
     """
     dtypes, residual_dtypes = tuple(dtypes), tuple(residual_dtypes)
     out = []
@@ -178,7 +185,7 @@ def configs(
             kernels.insert(0, "row_sums")
         out["backward" if backward else "forward"] = [
             Kernel(k, name, rms, p.block, 1 if k == "row_sums" else p.rows, p.single, p.warps, n % 16 == 0, residual, **extra,
-                   maxnreg=p.maxnreg)
+                   maxnreg=p.maxnreg, unit=n == 1)
             for k in kernels
         ]
     return out
@@ -213,8 +220,9 @@ def tools() -> tuple[Path, Path] | str:
 def _signature(k: Kernel) -> tuple[dict, dict, dict]:
     """Triton's signature, constexprs and attributes for ``k``, as the launcher specializes
     them: every pointer 16-byte aligned (torch allocations are), N with ``tt.divisibility``
-    when a multiple of 16. The pointers a kernel does not use get the tensors the launcher passes
-    in their place: x for R and y for S without a residual, dy for DS without one, w for B."""
+    when a multiple of 16, N the constant 1 when 1. The pointers a kernel does not use get the
+    tensors the launcher passes in their place: x for R and y for S without a residual, dy for
+    DS without one, w for B."""
     t, w, y = f"*{k.dtype}", f"*{k.weights or k.dtype}", f"*{k.out or k.dtype}"
     f32 = "*fp32"
     if k.kernel == "forward":
@@ -229,6 +237,8 @@ def _signature(k: Kernel) -> tuple[dict, dict, dict]:
         names = ["X", "DY", "DS", "DX", "W", "Mean", "Rstd", "C1", "C2", "DW", "DB", "M", "N"]
         types = [t, y, t if k.residual else y, t, w, f32, f32, f32, f32, f32, f32, "i32", "i32"]
         const = {"BLOCK": k.block, "ROWS": k.rows, "SINGLE": k.single, "RMS": k.rms, "HAS_BIAS": k.bias, "HAS_DSUM": k.residual}
+    if k.unit:
+        const["N"] = 1
     signature = dict(zip(names, types)) | {name: "constexpr" for name in const}
     attrs = {(i,): [["tt.divisibility", 16]] for i, ty in enumerate(types) if ty.startswith("*")}
     if k.divisible:
@@ -335,10 +345,13 @@ def _serve() -> None:
     json.dump(out, sys.stdout)
 
 
-def compile_usage(jobs: Sequence[tuple[Kernel, Gpu]], processes: int = 2, timeout: float = 900) -> list[Usage]:
+def compile_usage(jobs: Sequence[tuple[Kernel, Gpu]], processes: int = 2, timeout: float | None = None) -> list[Usage]:
     """Compile each (kernel, GPU) pair in ``processes`` child processes with
-    ``TRITON_INTERPRET=0`` and return what ptxas allocated, in order. Raises RuntimeError
-    naming the tool when ptxas or cuobjdump is missing (see :func:`tools`)."""
+    ``TRITON_INTERPRET=0`` and return what ptxas allocated, in order. ``timeout``: seconds a
+    child may take; None: 300 plus 1 a kernel of its share (a kernel takes about 0.2 s of one
+    core cold, a few ms from Triton's cache; the default grid gives each of 2 children about
+    2700). Raises RuntimeError naming the tool when ptxas or cuobjdump is missing (see
+    :func:`tools`)."""
     if not isinstance(processes, int) or processes < 1:
         raise ValueError(f"processes must be a positive int, got {describe(processes)}")
     found = tools()
@@ -351,7 +364,8 @@ def compile_usage(jobs: Sequence[tuple[Kernel, Gpu]], processes: int = 2, timeou
     def run(share: list[tuple[Kernel, Gpu]]) -> list[Usage]:
         child = subprocess.run(
             [sys.executable, "-m", "lnbook.kernels.compile_check", "--serve"],
-            input=json.dumps([[asdict(k), asdict(g)] for k, g in share]), capture_output=True, text=True, env=env, timeout=timeout,
+            input=json.dumps([[asdict(k), asdict(g)] for k, g in share]), capture_output=True, text=True, env=env,
+            timeout=timeout if timeout is not None else 300 + len(share),
         )
         if child.returncode:
             raise RuntimeError(f"compiling failed:\n{child.stderr[-3000:]}")

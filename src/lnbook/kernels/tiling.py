@@ -16,6 +16,19 @@ the compiler makes of our kernel"):
   (row group, column block) programs writes dx and keeps its dW/dB partial sums in registers;
 * short rows are packed several to a tile (up to 16), so that a program has about 2048
   elements to work on rather than 64, with one warp per 256 elements (8 a thread);
+* rows shorter than 64 columns (blocks of 16, 32 or 64) instead take 4 elements a thread, in
+  tiles of at least 512 elements: 32 rows of 16 columns or 16 rows of 32 (4 warps), 16 rows of
+  64 (8 warps). The rule above gave them 16 rows and 8 elements a thread (4 in the backward
+  pass of unaligned rows), so programs of 1 or 2 warps up to 32 columns. A 1-warp program
+  leaves a T4, which keeps at most 16 programs per SM, with 16 warps; and the 2-warp forward
+  program of rows of 17-31 columns spilled on the A100 (float16 and bfloat16 LayerNorm: 63
+  registers needed, 56 given, 8 bytes), squeezed onto the ``.reqntid`` step of the next rule
+  for 64 threads (18 programs at 56 registers). Short rows carry per-row statistics next to few
+  elements and need more registers per element: the old tiles took 24-74 registers forward and
+  40-103 backward, and at 8 elements a thread even a 64-register cap spilled, in both passes;
+  at 4 elements a thread they compile without a spill in 18-47 (forward) and 32-64 registers
+  (backward), and leave 32 warps per SM on the T4, 32-64 on the A100 and the H100. N = 1,
+  which Triton compiles as a constant, is a kernel of this rule too;
 * on the widest aligned tiles (4096 and 8192 elements) the register budget that ptxas picks
   decides. Triton declares a program's exact size to ptxas (``.reqntid``), and ptxas then aims
   at a budget at which a whole number of programs fits the SM's 65536 registers: for 512
@@ -64,7 +77,10 @@ UNALIGNED_FORWARD_SINGLE_MAX = 4096  # the same for rows whose length is not a m
 UNALIGNED_BACKWARD_SINGLE_MAX = 1024
 LONG_BLOCK = 4096  # the column block for longer rows, in both passes (halved for unaligned rows)
 TILE = 2048  # elements a tile of short rows aims at
-MAX_ROWS = 16  # rows per tile at most
+MAX_ROWS = 16  # rows per tile at most (rows shorter than SHORT_ROW: SHORT_TILE // block, 32 for 16 columns)
+SHORT_ROW = 64  # rows of fewer columns than this: tiles of at least SHORT_TILE elements, SHORT_ELEMENTS_PER_THREAD a thread
+SHORT_TILE = 512
+SHORT_ELEMENTS_PER_THREAD = 4
 ELEMENTS_PER_THREAD = 8  # warps = tile elements / (32 * this), between 1 and MAX_WARPS (unaligned backward: 4)
 MAX_WARPS = 16
 WIDE_REGISTERS = 64  # the register cap (maxnreg) of the wide programs below: 32 warps stay resident per SM
@@ -114,6 +130,9 @@ def plan(n: int, dtype: torch.dtype, backward: bool = False, max_block: int | No
         block, single = whole, True
     else:
         block, single = min(LONG_BLOCK if aligned else LONG_BLOCK // 2, limit), False
+    if single and n < SHORT_ROW:  # rows of 1-63 columns (module docstring): 4 or 8 warps, no cap
+        rows = max(MAX_ROWS, SHORT_TILE // block)
+        return Plan(block, rows, rows * block // (32 * SHORT_ELEMENTS_PER_THREAD), True)
     rows = max(1, min(MAX_ROWS, TILE // block)) if single else 1
     tile = rows * block
     per_thread = ELEMENTS_PER_THREAD // 2 if backward and not aligned else ELEMENTS_PER_THREAD
