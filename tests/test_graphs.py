@@ -89,12 +89,69 @@ def test_norms_average_over_what_their_names_say():
     torch.testing.assert_close(out["layer_node"].mean(1), torch.zeros(9), atol=1e-5, rtol=0)
     torch.testing.assert_close(out["batch"].mean(0), torch.zeros(6), atol=1e-5, rtol=0)
     for k in graphs.NORMS:
-        if k in ("layer_graph", "graph"):
+        if k in ("layer_graph", "graph", "instance"):
             for b in range(3):
                 rows = out[k][batch == b]
                 means = rows.mean() if k == "layer_graph" else rows.mean(0)
                 torch.testing.assert_close(means, torch.zeros_like(means), atol=1e-5, rtol=0)
     assert out["batch"][batch == 0].mean(0).abs().max() > 0.05  # a graph's own means are not removed
+    for b in range(3):  # InstanceNorm: each feature of a graph scaled to unit variance over its own nodes
+        torch.testing.assert_close(out["instance"][batch == b].var(0, correction=0), torch.ones(6), atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize("placement", graphs.PLACEMENTS)
+def test_placement_puts_the_norm_on_the_branch_or_on_the_main_path(placement):
+    """On the main path every round ends in relu(norm(.)), so with node-mode LayerNorm and no
+    gain the readout's input is a mean of ReLUs of standardized rows; on the residual branch
+    the embedding passes through unnormalized."""
+    utils.seed_everything(0)
+    model = GraphNet(2, 8, 2, "layer_node", placement=placement).eval()
+    batch = Batch.from_data_list(random_graphs(3, 5, 12, seed=0))
+    seen = []
+    hook = model.readout.register_forward_hook(lambda m, i, o: seen.append(i[0]))
+    with torch.no_grad():
+        model(batch)
+    hook.remove()
+    h = model.embed(batch.x)
+    for conv, norm in zip(model.convs, model.norms):
+        branch = torch.relu(graphs.apply_norm(norm, conv(h, batch.edge_index), batch.batch, 3))
+        h = h + branch if placement == "residual" else branch
+    from torch_geometric.nn import global_mean_pool
+    torch.testing.assert_close(seen[0], global_mean_pool(h, batch.batch, 3))
+    if placement == "main":  # a mean of ReLUs
+        assert (seen[0] >= 0).all()
+    with pytest.raises(ValueError, match="placement"):
+        GraphNet(2, 8, 2, "graph", placement="side")
+
+
+def test_degree_lookup_predicts_each_degree_s_triangle_rate():
+    train_set = random_graphs(30, 5, 30, seed=0)
+    predict = graphs.degree_lookup(train_set)
+    degree = torch.cat([g.x[:, 1] for g in train_set]).long()
+    on = torch.cat([g.triangle for g in train_set]).float()
+    g = train_set[0]
+    expected = torch.stack([on[degree == int(d)].mean() for d in g.x[:, 1]]).mean()
+    assert predict(g).item() == pytest.approx(expected.item(), rel=1e-6)
+    assert predict(g).dtype == torch.float64
+    test = random_graphs(20, 5, 30, seed=1)
+    lookup = graphs.baseline_mse(predict, test)
+    mean = graphs.baseline_mse(lambda _: graphs.targets(train_set).mean(), test)
+    assert 0 < lookup < mean  # degrees say much about triangles
+    assert graphs.baseline_mse(lambda g: g.y[0], test) == 0.0
+    assert graphs.baseline_mse(lambda _: graphs.targets(test).mean(), test) == pytest.approx(graphs.target_variance(test))
+    with pytest.raises(TypeError, match="predict"):
+        graphs.baseline_mse(0.5, test)
+    with pytest.raises(TypeError, match="train"):
+        graphs.degree_lookup([])
+
+
+def test_relative_mse_divides_by_the_reference():
+    assert graphs.relative_mse([0.002, 0.004], 0.004).tolist() == [0.5, 1.0]
+    for bad in (0.0, -1.0, float("nan"), "1"):
+        with pytest.raises(ValueError, match="reference"):
+            graphs.relative_mse([0.1], bad)
+    with pytest.raises(ValueError, match="values"):
+        graphs.relative_mse([], 1.0)
 
 
 def test_graph_net_learns_and_fit_is_repeatable():

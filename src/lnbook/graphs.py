@@ -13,8 +13,17 @@ The norms, named by what one mean and variance are taken over (:data:`NORMS`):
   book's LayerNorm);
 - ``"layer_graph"``: PyG's ``LayerNorm(mode="graph")``, each graph over all its nodes and
   features together;
+- ``"instance"``: PyG's ``InstanceNorm`` (with a gain and a bias, ``affine=True``), each
+  feature over the nodes of its own graph: the norm Cai et al. found faster than BatchNorm
+  and LayerNorm, and which GraphNorm modifies;
 - ``"graph"``: PyG's ``GraphNorm`` (Cai et al., 2021), each feature over the nodes of its own
-  graph, after subtracting a learned share ``alpha`` of that graph's mean.
+  graph, after subtracting a learned share ``alpha`` of that graph's mean; its scale is the
+  root mean square of the shifted features, ``sqrt(mean((h - alpha * mean)**2))``.
+
+:class:`GraphNet` puts the norm on a residual branch (``"residual"``) or, as Cai et al.'s
+GIN and GCN do, on the main path (``"main"``). :func:`degree_lookup` is the baseline a
+network must beat: it sees only degrees. :func:`relative_mse` puts MSEs of test sets with
+different spreads on one scale.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -37,7 +46,8 @@ if TYPE_CHECKING:
 
 # PyG is imported where it is used: importing it takes seconds, and `import lnbook` should not.
 
-NORMS = ("none", "batch", "layer_node", "layer_graph", "graph")
+NORMS = ("none", "batch", "layer_node", "layer_graph", "instance", "graph")
+PLACEMENTS = ("residual", "main")
 
 
 def on_triangle(adj: torch.Tensor) -> torch.Tensor:
@@ -103,9 +113,53 @@ def targets(graphs: Sequence[Data]) -> torch.Tensor:
     return torch.cat([g.y for g in graphs])
 
 
+def degree_lookup(train: Sequence[Data]) -> Callable[[Data], torch.Tensor]:
+    """A baseline that sees only degrees: for each degree, the fraction of the nodes of
+    ``train`` with that degree that lie on a triangle. Returns ``predict(graph)``, a float64
+    scalar tensor: the mean of that fraction over the graph's nodes (a degree larger than any
+    in ``train`` counts as the largest seen). A mean-aggregation network sees degrees, so it
+    must beat this to have learned anything about the wiring."""
+    train = _check_graphs(train, "train")
+    degree = torch.cat([g.x[:, 1] for g in train]).long()
+    on = torch.cat([g.triangle for g in train]).double()
+    rate = torch.bincount(degree, weights=on) / torch.bincount(degree).clamp_min(1)
+    return lambda g: rate[g.x[:, 1].long().clamp_max(len(rate) - 1)].mean()
+
+
+def baseline_mse(predict: Callable[[Data], torch.Tensor | float], test: Sequence[Data]) -> float:
+    """Mean squared error over ``test`` of a baseline ``predict(graph) -> scalar`` (a graph's
+    prediction), in float64: e.g. :func:`degree_lookup`'s, or ``lambda g: mean`` for the
+    training mean."""
+    if not callable(predict):
+        raise TypeError(f"predict must be a function of one graph, got {describe(predict)}")
+    test = _check_graphs(test, "test")
+    guess = torch.stack([torch.as_tensor(predict(g), dtype=torch.float64).reshape(()) for g in test])
+    return float(((guess - targets(test).double()) ** 2).mean())
+
+
+def target_variance(graphs: Sequence[Data]) -> float:
+    """The variance of the graphs' targets (over graphs, ``correction=0``): the MSE of
+    predicting each test set's own mean, the scale on which test sets of different spread
+    compare."""
+    return float(targets(_check_graphs(graphs, "graphs")).double().var(correction=0))
+
+
+def relative_mse(values: Sequence[float] | np.ndarray, reference: float) -> np.ndarray:
+    """``values / reference``, per seed ``(n,)``: test MSEs on the scale of a reference MSE on
+    the same test set (:func:`baseline_mse` of :func:`degree_lookup`, or
+    :func:`target_variance`), so that test sets whose targets spread differently compare.
+    Below 1 against the lookup: the network beats it."""
+    if not isinstance(reference, (int, float)) or isinstance(reference, bool) or not 0 < reference < math.inf:
+        raise ValueError(f"reference must be a positive finite MSE, got {describe(reference)}")
+    out = np.asarray(values, dtype=float)
+    if out.ndim != 1 or not len(out):
+        raise ValueError(f"values must be a non-empty sequence of per-seed MSEs, got {describe(values)}")
+    return out / reference
+
+
 def make_norm(kind: str, size: int) -> nn.Module:
     """PyG's module for the norm ``kind`` of :data:`NORMS` over ``size`` features."""
-    from torch_geometric.nn import BatchNorm, GraphNorm, LayerNorm
+    from torch_geometric.nn import BatchNorm, GraphNorm, InstanceNorm, LayerNorm
 
     check_choice(kind, NORMS, "norm")
     check_positive_int(size, "size")
@@ -114,15 +168,16 @@ def make_norm(kind: str, size: int) -> nn.Module:
         "batch": lambda: BatchNorm(size),
         "layer_node": lambda: LayerNorm(size, mode="node"),
         "layer_graph": lambda: LayerNorm(size, mode="graph"),
+        "instance": lambda: InstanceNorm(size, affine=True),
         "graph": lambda: GraphNorm(size),
     }[kind]()
 
 
 def apply_norm(norm: nn.Module, h: torch.Tensor, batch: torch.Tensor, num_graphs: int) -> torch.Tensor:
-    """``norm(h)``, handing the per-graph norms (LayerNorm, GraphNorm) the graph of each node."""
-    from torch_geometric.nn import GraphNorm, LayerNorm
+    """``norm(h)``, handing the per-graph norms (LayerNorm, InstanceNorm, GraphNorm) the graph of each node."""
+    from torch_geometric.nn import GraphNorm, InstanceNorm, LayerNorm
 
-    if isinstance(norm, (LayerNorm, GraphNorm)):
+    if isinstance(norm, (LayerNorm, InstanceNorm, GraphNorm)):
         return norm(h, batch, num_graphs)
     return norm(h)
 
@@ -130,22 +185,27 @@ def apply_norm(norm: nn.Module, h: torch.Tensor, batch: torch.Tensor, num_graphs
 class GraphNet(nn.Module):
     """A message-passing regressor: one number per graph.
 
-    ``Linear(in_features, hidden)``, then ``layers`` rounds of ``h + relu(norm(SAGEConv(h)))``
-    (PyG's ``SAGEConv`` with mean aggregation: ``W_1 h_i + W_2 mean_{j in N(i)} h_j``, sparse),
-    then the mean over each graph's nodes and ``Linear(hidden, 1)``. Call it on a PyG
-    ``Batch``; output ``(num_graphs,)``. Only ``"batch"`` in training mode makes a graph's
-    output depend on the other graphs of its batch.
+    ``Linear(in_features, hidden)``, then ``layers`` rounds of message passing (PyG's
+    ``SAGEConv`` with mean aggregation: ``W_1 h_i + W_2 mean_{j in N(i)} h_j``, sparse), then
+    the mean over each graph's nodes and ``Linear(hidden, 1)``. ``placement``: ``"residual"``,
+    each round ``h + relu(norm(SAGEConv(h)))``, the norm on a branch, so the readout sees an
+    un-normalized stream; ``"main"``, each round ``relu(norm(SAGEConv(h)))``, the norm on the
+    main path as in Cai et al.'s GIN and GCN. Call it on a PyG ``Batch``; output
+    ``(num_graphs,)``. Only ``"batch"`` in training mode makes a graph's output depend on the
+    other graphs of its batch.
     """
 
     NORMS = NORMS
 
-    def __init__(self, in_features: int, hidden: int, layers: int, norm: str = "none") -> None:
+    def __init__(self, in_features: int, hidden: int, layers: int, norm: str = "none",
+                 placement: str = "residual") -> None:
         from torch_geometric.nn import SAGEConv
 
         super().__init__()
         for value, name in ((in_features, "in_features"), (hidden, "hidden"), (layers, "layers")):
             check_positive_int(value, name)
         self.norm = check_choice(norm, NORMS, "norm")
+        self.placement = check_choice(placement, PLACEMENTS, "placement")
         self.embed = nn.Linear(in_features, hidden)
         self.convs = nn.ModuleList(SAGEConv(hidden, hidden, aggr="mean") for _ in range(layers))
         self.norms = nn.ModuleList(make_norm(norm, hidden) for _ in range(layers))
@@ -159,7 +219,8 @@ class GraphNet(nn.Module):
             raise TypeError(f"data must be a torch_geometric Batch (Batch.from_data_list), got {type(data).__name__}")
         h = self.embed(data.x)
         for conv, norm in zip(self.convs, self.norms):
-            h = h + torch.relu(apply_norm(norm, conv(h, data.edge_index), data.batch, data.num_graphs))
+            branch = torch.relu(apply_norm(norm, conv(h, data.edge_index), data.batch, data.num_graphs))
+            h = h + branch if self.placement == "residual" else branch
         return self.readout(global_mean_pool(h, data.batch, data.num_graphs)).squeeze(-1)
 
 
