@@ -189,3 +189,16 @@ def test_norm_sets_figure_shades_one_set_per_norm():
     assert shaded == [5, 4, 8, 2]  # 5 nodes x 1 feature; 1 node x 4; 2 nodes x 4; 2 nodes x 1
     with pytest.raises(ValueError, match="sizes"):
         graphs.norm_sets_figure(sizes=())
+
+
+def test_fit_graphs_decay_changes_the_steps_not_the_start():
+    data = random_graphs(16, 5, 20, seed=0)
+    runs = {}
+    for decay in (False, True):
+        utils.seed_everything(0)
+        runs[decay] = fit_graphs(GraphNet(2, 8, 1, "graph", placement="main"), data, data[:4], epochs=3, lr=3e-2,
+                                 batch_size=4, seed=0, decay=decay)
+    assert runs[True].step_loss[0] == runs[False].step_loss[0]  # the same model, batch and first loss
+    assert runs[True].step_loss[-1] != runs[False].step_loss[-1]
+    with pytest.raises(TypeError, match="decay"):
+        fit_graphs(GraphNet(2, 8, 1), data, data, epochs=1, lr=1e-2, batch_size=4, seed=0, decay="cosine")

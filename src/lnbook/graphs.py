@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 from ._checks import check_choice, check_positive_int, describe
-from .train import evaluating, optimizer_step, prepare
+from .train import evaluating, optimizer_step, prepare, warmup_cosine
 
 if TYPE_CHECKING:
     from torch_geometric.data import Batch, Data
@@ -261,12 +261,15 @@ def mse(model: nn.Module, graphs: Sequence[Data], batch_size: int = 64) -> float
 
 
 def fit_graphs(
-    model: nn.Module, train: Sequence[Data], test: Sequence[Data], *, epochs: int, lr: float, batch_size: int, seed: int
+    model: nn.Module, train: Sequence[Data], test: Sequence[Data], *, epochs: int, lr: float, batch_size: int, seed: int,
+    decay: bool = False,
 ) -> RegressionHistory:
     """Train a graph regressor (``model(Batch) -> (num_graphs,)``) with MSE and Adam.
 
     Each epoch shuffles ``train`` (by ``seed``) into batches of ``batch_size`` graphs, then
-    measures :func:`mse` on ``test``. Seed the model's initialization for a repeatable run;
+    measures :func:`mse` on ``test`` (pass a validation split here to choose a learning rate
+    on it). ``decay``: the learning rate follows a cosine from ``lr`` to 0 over the run
+    (:func:`lnbook.train.warmup_cosine` without warm-up); else it stays ``lr``. Seed the model's initialization for a repeatable run;
     on a CPU with a fixed thread count, the same seed gives the same history. For
     :func:`lnbook.train.fit_many`, put ``"fit": fit_graphs`` in the job.
     """
@@ -275,8 +278,13 @@ def fit_graphs(
     train, test = _check_graphs(train, "train"), _check_graphs(test, "test")
     check_positive_int(epochs, "epochs")
     check_positive_int(batch_size, "batch_size")
+    if not isinstance(decay, bool):
+        raise TypeError(f"decay must be a bool, got {describe(decay)}")
     run = prepare(model, lr, seed)
     history = RegressionHistory(steps_per_epoch=-(-len(train) // batch_size))
+    total = epochs * history.steps_per_epoch
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        run.optimizer, lambda step: warmup_cosine(min(step + 1, total), 0, total) if decay else 1.0)
     y = targets(train)
     elapsed = 0.0
     for _ in range(epochs):
@@ -285,6 +293,7 @@ def fit_graphs(
             batch = Batch.from_data_list([train[i] for i in idx]).to(run.device)
             loss = nn.functional.mse_loss(model(batch), y[idx].to(run.device))
             history.step_loss.append(optimizer_step(run.optimizer, loss))
+            schedule.step()
         elapsed += time.perf_counter() - start
         history.wall_time.append(elapsed)
         history.train_loss.append(sum(history.step_loss[-history.steps_per_epoch :]) / history.steps_per_epoch)
