@@ -1,6 +1,8 @@
 """lnbook.models: the MLP with its norm as a setting, layer_stats, which measures what it says
 without touching the model, and mlp_layers, also on MLPs stacked by lnbook.seeds."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -86,3 +88,36 @@ def test_stacked_mlp_trains_each_member_as_fit_trains_it_alone_over_whole_epochs
         np.testing.assert_allclose(h.step_loss, alone.step_loss, rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(h.test_acc, alone.test_acc, atol=1e-9)
     assert histories[0].step_loss != histories[1].step_loss
+
+
+def test_weight_norm_init_standardizes_each_layer_on_the_batch():
+    from lnbook import seeds
+
+    torch.manual_seed(0)
+    x = torch.randn(256, 12) * 3 + 2
+    model = models.MLP(12, (16, 8), 3, "weight")
+    before = model(x).detach()
+    assert models.weight_norm_init(model, x) is model
+    linears, _ = models.mlp_layers(model)
+    outs = []
+    hooks = [lin.register_forward_hook(lambda m, i, o: outs.append(o.detach())) for lin in linears]
+    after = model(x).detach()
+    for h in hooks:
+        h.remove()
+    for out in outs[:-1]:  # the hidden (weight-normalized) layers: mean 0, std 1 per feature on x
+        torch.testing.assert_close(out.mean(0), torch.zeros(out.shape[1]), atol=1e-4, rtol=0)
+        torch.testing.assert_close(out.std(0, correction=0), torch.ones(out.shape[1]), atol=1e-3, rtol=0)
+    assert outs[-1].std(0).min() > 0 and not torch.allclose(before, after)  # the plain output layer is not set
+    p = linears[0].parametrizations.weight
+    torch.testing.assert_close(p.original1, linears[0].weight)  # v has length g: w = v
+    stacked = seeds.stack([model, copy.deepcopy(model)])  # what a stacked member keeps
+    torch.testing.assert_close(stacked.net[1].parametrizations.weight.original0[0], p.original0)
+    torch.testing.assert_close(stacked.net[1].parametrizations.weight.original1[0], p.original1)
+    models.weight_norm_init(model, x, scale=0.5)
+    torch.testing.assert_close(linears[0](x).std(0, correction=0), torch.full((16,), 0.5), atol=1e-3, rtol=0)
+    with pytest.raises(ValueError, match="weight-normalized"):
+        models.weight_norm_init(models.MLP(12, (16,), 3, "layer"), x)
+    with pytest.raises(ValueError, match="x must"):
+        models.weight_norm_init(model, x[:1])
+    with pytest.raises(ValueError, match="scale"):
+        models.weight_norm_init(model, x, scale=0)

@@ -8,6 +8,9 @@ that feed the norm, and no norm layer); and every norm over one example's featur
 ``"adanorm"``). ``"instance"`` is refused, with the reason. Chapter 02's recurrent networks
 are :class:`lnbook.rnn.ElmanClassifier`.
 
+:func:`weight_norm_init` gives the weight-normalized layers Salimans and Kingma's
+data-dependent initialization.
+
 Many seeds of it train as one model with :mod:`lnbook.seeds` (``seeds.stack`` of one MLP per
 seed, trained by ``seeds.fit``).
 
@@ -22,6 +25,7 @@ import copy
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from . import seeds
 from ._checks import describe
@@ -61,6 +65,53 @@ class MLP(PicklesWithParametrizations, nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
+
+
+def weight_norm_init(model: nn.Module, x: torch.Tensor, scale: float = 1.0, eps: float = 1e-6) -> nn.Module:
+    """Salimans and Kingma's data-dependent initialization of every weight-normalized
+    ``nn.Linear`` of ``model`` (torch's ``parametrizations.weight_norm``, ``w = g v / ||v||``
+    per output row), in place; returns ``model``.
+
+    Layer by layer, in the order of ``model.modules()`` (the order of the forward pass for
+    :class:`MLP`): with ``g = 1`` and the bias 0, one forward pass of ``x (B, ...)`` (a batch
+    of inputs, B >= 2) gives the layer's output ``t (B, out)``; then ``g = scale / std(t)`` and
+    ``bias = -mean(t) * g`` (over the batch, per output feature), so that on ``x`` each of its
+    outputs has mean 0 and standard deviation ``scale`` before the next layer is set. Layers
+    that are not weight-normalized are left alone. ``v`` keeps its direction and gets the length
+    ``g`` (so ``w = v``): :func:`lnbook.seeds.stack` re-derives ``g = ||w||`` and ``v = w``, so
+    a stacked member keeps exactly these ``g`` and ``v`` and trains as it would alone.
+    No gradient is recorded; dropout, if any, runs in the model's current mode.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.ndim < 2 or len(x) < 2:
+        raise ValueError(f"x must be a float tensor (B, ...) with B >= 2 inputs, got {describe(x)}")
+    if not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and 0 < scale < float("inf")):
+        raise ValueError(f"scale must be a positive finite number, got {describe(scale)}")
+    layers = [m for m in model.modules() if isinstance(m, nn.Linear) and parametrize.is_parametrized(m, "weight")
+              and type(m.parametrizations.weight[0]).__name__ == "_WeightNorm"]
+    if not layers:
+        raise ValueError("model has no weight-normalized nn.Linear layer (torch.nn.utils.parametrizations.weight_norm)")
+    with torch.no_grad():
+        for layer in layers:
+            g, v = layer.parametrizations.weight.original0, layer.parametrizations.weight.original1
+            g.fill_(1.0)
+            if layer.bias is not None:
+                layer.bias.zero_()
+            seen: list[torch.Tensor] = []
+            hook = layer.register_forward_hook(lambda m, i, out: seen.append(out.reshape(-1, out.shape[-1])))
+            try:
+                model(x)
+            finally:
+                hook.remove()
+            t = torch.cat(seen)
+            mean, std = t.mean(0), t.std(0, correction=0)
+            gain = scale / (std + eps)
+            g.copy_(gain.reshape(g.shape))
+            v.mul_(gain.reshape(g.shape) / v.norm(dim=1, keepdim=True))
+            if layer.bias is not None:
+                layer.bias.copy_(-mean * gain)
+    return model
 
 
 def mlp_layers(model: MLP) -> tuple[list[nn.Module], list[nn.Module | None]]:
