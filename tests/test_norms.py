@@ -575,3 +575,27 @@ def test_batch_statistics_finds_batch_norms_only():
     assert norms.batch_statistics(models.MLP(4, (4,), 2, "batch"))
     assert norms.batch_statistics(nn.Sequential(nn.Linear(2, 4), nn.BatchNorm1d(4)))
     assert not any(norms.batch_statistics(models.MLP(4, (4,), 2, n)) for n in ("none", "weight", *norms.EXAMPLE_NORMS))
+
+
+def test_set_adanorm_sets_c_and_k_on_every_adanorm_and_stacking_keeps_them():
+    from lnbook import models, rnn, seeds
+
+    torch.manual_seed(0)
+    x = torch.randn(5, 12)
+    mlp = models.MLP(12, (8, 8), 3, "adanorm")
+    assert {(m.C, m.k) for m in mlp.modules() if isinstance(m, AdaNorm)} == {(1.0, 0.1)}  # what "adanorm" builds
+    before = mlp(x)
+    assert norms.set_adanorm(mlp, C=2.0) is mlp
+    assert {(m.C, m.k) for m in mlp.modules() if isinstance(m, AdaNorm)} == {(2.0, 0.1)}
+    assert not torch.allclose(before, mlp(x))
+    hidden = mlp.net[1](x)  # C scales AdaNorm's output: z = C (1 - k y) y
+    torch.testing.assert_close(mlp.net[2](hidden), 2.0 * AdaNorm(8, k=0.1, C=1.0)(hidden))
+    stacked = seeds.stack([mlp, mlp])
+    torch.testing.assert_close(stacked(x.expand(2, 5, 12))[0], mlp(x))
+    lstm = rnn.SequenceClassifier(rnn.LSTMCell(4, 8, "adanorm", max_steps=4), 3)
+    norms.set_adanorm(lstm, C=2.0, k=0.2)
+    assert {(m.C, m.k) for m in lstm.modules() if isinstance(m, AdaNorm)} == {(2.0, 0.2)}
+    with pytest.raises(ValueError, match="no AdaNorm"):
+        norms.set_adanorm(models.MLP(12, (8,), 3, "layer"), C=2.0)
+    with pytest.raises(ValueError, match="C must"):
+        norms.set_adanorm(mlp, C=0)

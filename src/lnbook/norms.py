@@ -192,9 +192,13 @@ class AdaNorm(NotScriptable, nn.Module):
     ``phi(y)`` is detached: a constant in the backward pass, so ``dL/dx`` is LayerNorm's
     backward applied to ``phi(y) * dL/dz``, while ``y`` keeps the gradients of the mean and
     variance. No learnable parameters. ``phi`` averages ``C`` over a row (y has mean 0) and is
-    positive while ``|y| < 1/k``. Xu et al. take ``k = 1/10`` and treat ``C`` as a
-    hyperparameter (their IWSLT script uses 2); their code divides by the unbiased standard
-    deviation plus eps. Shapes: input ``(*, *normalized_shape)``, output the same.
+    positive while ``|y| < 1/k``. The paper's values: Xu et al. recommend ``k = 1/10`` (their
+    code hard-codes it) and treat ``C`` as a hyperparameter; their released IWSLT14 De-En
+    script (``lancopku/AdaNorm``, ``baseline-adanorm-km.sh``) runs ``C = 2`` (``adanorm_scale``),
+    with 1.5, 1 and 0.8 left commented out; their code divides by the unbiased standard
+    deviation plus eps. The defaults here, ``k = 0.1`` and ``C = 1``, are what the norm name
+    ``"adanorm"`` builds; :func:`set_adanorm` sets other values on a built model.
+    Shapes: input ``(*, *normalized_shape)``, output the same.
     """
 
     def __init__(self, normalized_shape: int | Sequence[int], k: float = 0.1, C: float = 1.0, eps: float = 1e-5) -> None:
@@ -212,6 +216,25 @@ class AdaNorm(NotScriptable, nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, k={self.k}, C={self.C}, eps={self.eps}"
+
+
+def set_adanorm(model: nn.Module, *, C: float, k: float = 0.1) -> nn.Module:
+    """Set ``C`` and ``k`` on every :class:`AdaNorm` inside ``model`` (built with the norm name
+    ``"adanorm"``, which takes ``C = 1``, ``k = 0.1``), in place; returns ``model``. E.g.
+    ``set_adanorm(models.MLP(64, (64,), 10, "adanorm"), C=2.0)``: the ``C`` of Xu et al.'s
+    released IWSLT script. AdaNorm has no parameters, so nothing else changes; a model stacked
+    by :mod:`lnbook.seeds` afterwards keeps the values. Raises ``ValueError`` if ``model`` has no
+    AdaNorm."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    C = check_number(C, "C", "a finite number > 0", lambda v: v > 0)
+    k = check_number(k, "k", "a finite number >= 0", lambda v: v >= 0)
+    found = [m for m in model.modules() if isinstance(m, AdaNorm)]
+    if not found:
+        raise ValueError("model has no AdaNorm (build it with norm='adanorm')")
+    for m in found:
+        m.C, m.k = C, k
+    return model
 
 
 def _check_mask(mask: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
@@ -445,7 +468,7 @@ NORMS: dict[str, NormKind] = {
     "rms": NormKind(RMSNorm, "example"),
     "dyt": NormKind(DyT, "example"),
     "detach": NormKind(DetachNorm, "example"),
-    "adanorm": NormKind(AdaNorm, "example"),
+    "adanorm": NormKind(lambda size: AdaNorm(size, k=0.1, C=1.0), "example"),  # set_adanorm for other C, k
     "batch": NormKind(MaskedBatchNorm1d, "batch"),
     "batch_unmasked": NormKind(UnmaskedBatchNorm1d, "batch"),
     "batch_per_step": NormKind(TimeStepBatchNorm, "step"),
