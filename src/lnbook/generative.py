@@ -226,6 +226,53 @@ class Net(nn.Module):
                         b.copy_(state[k])
         return out[..., :1, :] if one else out
 
+    def hidden(self, x: torch.Tensor, layer: int = 0) -> torch.Tensor:
+        """Hidden layer ``layer``'s pre-activations (0: the first), the output of its Linear layer
+        before its norm, without gradients and without touching running statistics: ``x (B, in)``,
+        or in a stack ``(S, B, in)`` or ``(B, in)``, -> ``(B, F)`` or ``(S, B, F)`` (``F`` =
+        ``sizes[layer + 1]``). Layers before ``layer`` run in the network's current mode."""
+        check_float_tensor(x, "x")
+        hidden_layers = len(self.sizes) - 2
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < hidden_layers:
+            raise ValueError(f"layer must be an int in [0, {hidden_layers}), got {describe(layer)}")
+        s = seed_axis.members(self)
+        if s is not None and x.ndim == 2:
+            x = x.expand(s, *x.shape)
+        kept = [{k: b.clone() for k, b in m.named_buffers()} for m in self.layers if _is_batch_norm(m)]
+        seen = -1
+        with torch.no_grad():
+            for module in self.layers:
+                x = module(x)
+                if isinstance(module, (nn.Linear, seed_axis.Linear)):
+                    seen += 1
+                    if seen == layer:
+                        break
+            for m, state in zip([m for m in self.layers if _is_batch_norm(m)], kept):
+                for k, b in m.named_buffers():
+                    b.copy_(state[k])
+        return x
+
+    def norm_statistics(self, layer: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """The running mean and (unbiased) variance of hidden layer ``layer``'s batch norm, each
+        ``(F,)`` or ``(S, F)`` in a stack. Raises ``ValueError`` where that layer has no batch norm."""
+        hidden_layers = len(self.sizes) - 2
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < hidden_layers:
+            raise ValueError(f"layer must be an int in [0, {hidden_layers}), got {describe(layer)}")
+        seen, modules = -1, list(self.layers)
+        for i, module in enumerate(modules):
+            if isinstance(module, (nn.Linear, seed_axis.Linear)):
+                seen += 1
+                if seen == layer:
+                    following = modules[i + 1] if i + 1 < len(modules) else None
+                    if following is None or not _is_batch_norm(following):
+                        raise ValueError(f"layer {layer} has no batch norm (norm={self.norm!r}, first_norm={self.first_norm})")
+                    return following.running_mean.clone(), following.running_var.clone()
+        raise ValueError(f"layer {layer} not found")  # unreachable: the range is checked above
+
+
+def _is_batch_norm(module: nn.Module) -> bool:
+    return isinstance(getattr(module, "running_mean", None), torch.Tensor)
+
 
 def generator(norm: str, seeds: Sequence[int], latent: int = 16, hidden: Sequence[int] = (128, 256)) -> Net:
     """A GAN generator for every seed, one :class:`Net` each, stacked by
@@ -247,8 +294,231 @@ def critic(
                                   native=native), seeds)
 
 
+class ConvNet(nn.Module):
+    """A small DCGAN-style convolutional critic or generator on 8x8 images for ``S`` seeds at
+    once. Every convolution (4x4 kernels, stride 2, padding 1) is computed as an im2col product:
+    the patches gathered by a fixed index, then a batched matrix product per member (the
+    transposed convolutions scatter-add by the same index), which for images this small is
+    faster on a CPU than
+    ``torch``'s grouped convolutions, and computes the same function.
+
+    - ``kind="critic"``: ``64 -> (1, 8, 8) -> conv -> (c1, 4, 4) -> norm -> leaky ReLU(0.2)
+      -> conv -> (c2, 2, 2) -> norm -> leaky ReLU -> Linear -> 1``.
+    - ``kind="generator"``: ``latent -> Linear -> (c2, 2, 2) -> norm -> ReLU -> transposed conv
+      -> (c1, 4, 4) -> norm -> ReLU -> transposed conv -> (1, 8, 8) -> tanh -> 64``.
+
+    ``norm``: ``"none"``; ``"batch"``: each channel normalized over the batch *and* the image's
+    positions (as ``torch.nn.BatchNorm2d``; running averages of the mean and unbiased variance
+    with ``momentum``, used in eval mode); ``"layer"``: each example normalized over all its
+    channels and positions (Gulrajani et al.'s critic), with a gain and a shift per channel.
+    ``first_norm=False`` (critic): no norm after the first convolution (DCGAN's and Arjovsky
+    et al.'s discriminators). Member ``s``'s weights are drawn from a generator seeded with
+    ``seeds[s]``, ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``.
+
+    Shapes: critic ``x (S, B, 64)`` or ``(B, 64)`` -> ``(S, B, 1)``; generator ``z (S, B,
+    latent)`` or ``(B, latent)`` -> ``(S, B, 64)`` in ``[-1, 1]``. ``sizes`` is ``(64, 1)``
+    or ``(latent, 64)``, as :func:`train_wgan_gp` reads it from a :class:`Net`.
+    """
+
+    def __init__(self, kind: str, norm: str, seeds: Sequence[int], channels: tuple[int, int] = (16, 32),
+                 latent: int = 16, first_norm: bool = True, momentum: float = 0.1, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.kind = check_choice(kind, ("critic", "generator"), "kind")
+        self.norm = check_choice(norm, NORMS, "norm")
+        self.first_norm = check_bool(first_norm, "first_norm")
+        self.seeds = _check_seeds(seeds)
+        if not isinstance(channels, (tuple, list)) or len(channels) != 2:
+            raise ValueError(f"channels must be a pair (c1, c2), got {describe(channels)}")
+        c1, c2 = (check_positive_int(c, "channels") for c in channels)
+        check_positive_int(latent, "latent")
+        momentum = check_number(momentum, "momentum", "a number in [0, 1]", lambda v: 0 <= v <= 1)
+        eps = check_number(eps, "eps", "a positive number", lambda v: v > 0)
+        self.members = len(self.seeds)
+        self.channels = (c1, c2)
+        gens = [torch.Generator().manual_seed(seed) for seed in self.seeds]
+
+        def uniform(shape: tuple[int, ...], fan_in: int) -> nn.Parameter:  # one draw per member, stacked: (S, *shape)
+            bound = 1 / math.sqrt(fan_in)
+            return nn.Parameter(torch.stack([torch.rand(shape, generator=g) * 2 * bound - bound for g in gens]))
+
+        # weights as (S, inputs, outputs); a convolution's inputs in unfold's order (channel, row, column)
+        if self.kind == "critic":
+            self.sizes = (64, 1)
+            self.w1, self.b1 = uniform((16, c1), 16), uniform((1, c1), 16)
+            self.w2, self.b2 = uniform((c1 * 16, c2), c1 * 16), uniform((1, c2), c1 * 16)
+            self.w3, self.b3 = uniform((4 * c2, 1), 4 * c2), uniform((1, 1), 4 * c2)
+            normed, norm_channels = (first_norm, True), (c1, c2)
+        else:
+            self.sizes = (latent, 64)
+            self.w1, self.b1 = uniform((latent, 4 * c2), latent), uniform((1, 4 * c2), latent)
+            self.w2, self.b2 = uniform((c2, c1 * 16), c2 * 4), uniform((c1, 1), c2 * 4)  # each output sees 4 inputs a channel
+            self.w3, self.b3 = uniform((c1, 16), c1 * 4), uniform((1,), c1 * 4)
+            normed, norm_channels = (True, True), (c2, c1)
+        self.norms = nn.ModuleList([_ConvNorm(self.norm if on else "none", self.members, c, momentum, eps)
+                                    for c, on in zip(norm_channels, normed)])
+
+    def forward(self, x: torch.Tensor, batch_stats: bool | None = None) -> torch.Tensor:
+        """See the class; ``batch_stats`` as :meth:`Net.forward`'s (batch norm only; batch
+        statistics outside training leave the running averages as they were)."""
+        check_float_tensor(x, "x")
+        s, f = self.members, self.sizes[0]
+        if x.ndim == 2:
+            x = x.expand(s, *x.shape)
+        if x.ndim != 3 or x.shape[0] != s or x.shape[-1] != f:
+            raise ValueError(f"x must have shape (B, {f}) or ({s}, B, {f}), got {tuple(x.shape)}")
+        use_batch = self.training if batch_stats is None else bool(batch_stats)
+        bns = [m for m in self.norms if m.kind == "batch"]
+        if not bns or use_batch == self.training:
+            return self._forward(x)
+        kept = [(m.running_mean.clone(), m.running_var.clone()) for m in bns]
+        for m in bns:
+            m.train(use_batch)
+        try:
+            return self._forward(x)
+        finally:
+            with torch.no_grad():
+                for m, (mean, var) in zip(bns, kept):
+                    m.train(self.training)
+                    m.running_mean.copy_(mean), m.running_var.copy_(var)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        s, b = self.members, x.shape[1]
+        c1, c2 = self.channels
+        act = nn.functional.leaky_relu if self.kind == "critic" else nn.functional.relu
+        if self.kind == "critic":
+            cols = _unfold(x, 8).view(s, b, 16, 16)  # (S, B, positions, kernel)
+            h = act(self.norms[0](cols @ self.w1.unsqueeze(1) + self.b1.unsqueeze(1)), 0.2)  # (S, B, 16, c1)
+            cols = _unfold(h.transpose(2, 3), 4)  # (S, B, c1, 4 positions x 16 kernel)
+            cols = cols.view(s, b, c1, 4, 16).permute(0, 1, 3, 2, 4).reshape(s, b * 4, c1 * 16)
+            h = torch.baddbmm(self.b2, cols, self.w2).view(s, b, 4, c2)
+            h = act(self.norms[1](h), 0.2)
+            return torch.baddbmm(self.b3, h.reshape(s, b, 4 * c2), self.w3)
+        h = act(self.norms[0](torch.baddbmm(self.b1, x, self.w1).view(s, b, 4, c2)))  # (S, B, 2x2 positions, c2)
+        vals = torch.bmm(h.reshape(s, b * 4, c2), self.w2).view(s, b, 4, c1, 16).permute(0, 1, 3, 2, 4)
+        h = _fold(vals.reshape(s, b, c1, 64), 4) + self.b2.unsqueeze(1)  # (S, B, c1, 16 positions)
+        h = act(self.norms[1](h.transpose(2, 3)))  # (S, B, 16, c1)
+        vals = torch.bmm(h.reshape(s, b * 16, c1), self.w3).view(s, b, 256)  # (S, B, 16 positions x 16 kernel)
+        return torch.tanh(_fold(vals, 8) + self.b3.view(s, 1, 1))
+
+
+_UNFOLD: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def _unfold_index(size: int, device: torch.device) -> torch.Tensor:
+    """``(((size // 2)**2 * 16,)`` indices into a ``size x size`` image flattened row-major with
+    one zero appended (index ``size**2``): for each output position of a 4x4 convolution with
+    stride 2 and padding 1 (row-major), the 16 pixels its kernel reads (row-major over the
+    kernel), the appended zero where it reads the padding."""
+    key = (size, str(device))
+    if key not in _UNFOLD:
+        out, idx = size // 2, []
+        for oy in range(out):
+            for ox in range(out):
+                for ky in range(4):
+                    for kx in range(4):
+                        iy, ix = 2 * oy - 1 + ky, 2 * ox - 1 + kx
+                        idx.append(iy * size + ix if 0 <= iy < size and 0 <= ix < size else size * size)
+        _UNFOLD[key] = torch.tensor(idx, device=device)
+    return _UNFOLD[key]
+
+
+def _unfold(x: torch.Tensor, size: int) -> torch.Tensor:
+    """The patches of images ``x (..., size**2)``: ``(..., (size // 2)**2 * 16)``, positions then kernel."""
+    padded = nn.functional.pad(x, (0, 1))
+    return padded.index_select(-1, _unfold_index(size, x.device))
+
+
+def _fold(vals: torch.Tensor, size: int) -> torch.Tensor:
+    """The adjoint of :func:`_unfold`, a transposed convolution's scatter: ``vals (..., (size //
+    2)**2 * 16)`` summed into ``(..., size**2)``, whatever lands on the padding dropped."""
+    out = vals.new_zeros(*vals.shape[:-1], size * size + 1)
+    return out.index_add(-1, _unfold_index(size, vals.device), vals)[..., :-1]
+
+
+class _ConvNorm(nn.Module):
+    """The norm of :class:`ConvNet`'s feature maps ``(S, B, P, C)`` (``P`` positions): ``"batch"``
+    over the batch and the positions per member and channel (running statistics ``(S, C)`` in
+    eval mode), ``"layer"`` over the positions and channels per member and example, ``"none"``
+    the identity; a gain and a shift per member and channel."""
+
+    def __init__(self, kind: str, members: int, channels: int, momentum: float, eps: float) -> None:
+        super().__init__()
+        self.kind, self.momentum, self.eps = kind, momentum, eps
+        if kind != "none":
+            self.weight = nn.Parameter(torch.ones(members, 1, 1, channels))
+            self.bias = nn.Parameter(torch.zeros(members, 1, 1, channels))
+        if kind == "batch":
+            self.register_buffer("running_mean", torch.zeros(members, 1, 1, channels))
+            self.register_buffer("running_var", torch.ones(members, 1, 1, channels))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if self.kind == "none":
+            return h
+        if self.kind == "layer":
+            var, mean = torch.var_mean(h, dim=(2, 3), correction=0, keepdim=True)
+        elif self.training:
+            var, mean = torch.var_mean(h, dim=(1, 2), correction=0, keepdim=True)
+            n = h.shape[1] * h.shape[2]
+            if n < 2:
+                raise ValueError("a batch norm needs more than one value per channel in training")
+            with torch.no_grad():
+                self.running_mean.lerp_(mean, self.momentum)
+                self.running_var.lerp_(var * n / (n - 1), self.momentum)
+        else:
+            mean, var = self.running_mean, self.running_var
+        return (h - mean) * torch.rsqrt(var + self.eps) * self.weight + self.bias
+
+
+def conv_critic(norm: str, seeds: Sequence[int], channels: tuple[int, int] = (16, 32), first_norm: bool = True) -> ConvNet:
+    """A DCGAN-style convolutional WGAN critic for every seed (:class:`ConvNet`, ``kind="critic"``):
+    images ``(members, B, 64)`` -> scores ``(members, B, 1)``."""
+    return ConvNet("critic", norm, seeds, channels, first_norm=first_norm)
+
+
+def conv_generator(norm: str, seeds: Sequence[int], channels: tuple[int, int] = (16, 32), latent: int = 16) -> ConvNet:
+    """A DCGAN-style convolutional generator for every seed (:class:`ConvNet`, ``kind="generator"``):
+    noise ``(members, B, latent)`` -> images ``(members, B, 64)`` in ``[-1, 1]``."""
+    return ConvNet("generator", norm, seeds, channels, latent=latent)
+
+
+def frozen_forward(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``net(x)`` with every training-mode batch norm's batch statistics held constant: the
+    same values as ``net(x)`` in training mode (each batch norm normalizes with the mean and
+    biased variance of this batch, and the running averages are updated as that pass would
+    update them), but gradients treat the statistics as fixed numbers, so example ``i``'s
+    output depends on example ``i``'s input alone. A network without batch norms, or in eval
+    mode, is simply called. Shapes as ``net``'s (``(S, B, F)`` in a stack)."""
+    norms = [m for m in net.modules() if _is_batch_norm(m)]
+    if not norms or not net.training:
+        return net(x)
+    if not all(isinstance(m, (seed_axis.Norm, MaskedBatchNorm1d)) for m in norms):
+        raise TypeError("frozen_forward supports the batch norms of Net (MaskedBatchNorm1d, stacked or not)")
+    inputs: dict[int, torch.Tensor] = {}
+    hooks = [m.register_forward_pre_hook(lambda _m, args, i=i: inputs.__setitem__(i, args[0].detach()))
+             for i, m in enumerate(norms)]
+    try:
+        with torch.no_grad():
+            net(x)  # training mode: records each norm's input and updates the running averages
+    finally:
+        for h in hooks:
+            h.remove()
+    saved = [(m.running_mean, m.running_var) for m in norms]
+    try:
+        for i, m in enumerate(norms):
+            var, mean = torch.var_mean(inputs[i], dim=-2, correction=0)  # this batch's statistics, (S, F) or (F,)
+            m.running_mean, m.running_var = mean, var  # a new tensor under the buffer's name, not an in-place copy
+        net.eval()
+        out = net(x)
+    finally:
+        net.train()
+        for m, (mean, var) in zip(norms, saved):
+            m.running_mean, m.running_var = mean, var
+    return out
+
+
 def gradient_penalty(
-    critic_net: nn.Module, real: torch.Tensor, fake: torch.Tensor, alpha: torch.Tensor, create_graph: bool = True
+    critic_net: nn.Module, real: torch.Tensor, fake: torch.Tensor, alpha: torch.Tensor, create_graph: bool = True,
+    frozen: bool = False,
 ) -> torch.Tensor:
     """Gulrajani et al.'s penalty ``(||grad_x D(x_hat)|| - 1)^2`` at ``x_hat = alpha real + (1 - alpha) fake``.
 
@@ -256,16 +526,21 @@ def gradient_penalty(
     Returns the per-example penalties ``(members, B)``. As in the paper's code, the gradient
     is that of the *sum* of the batch's scores with respect to each ``x_hat_i``: with a norm
     that works example by example this is the gradient of ``D(x_hat_i)`` alone; with a
-    training-mode batch norm it also carries every batch-mate's score.
+    training-mode batch norm it also carries every batch-mate's score. ``frozen=True`` scores
+    the batch through :func:`frozen_forward`: a batch norm still normalizes with the batch's
+    statistics, held constant, so the gradient is each example's own and the penalty is per
+    example again.
     """
     for name, t in (("real", real), ("fake", fake), ("alpha", alpha)):
         check_float_tensor(t, name)
+    check_bool(frozen, "frozen")
     if real.ndim != 3 or fake.shape != real.shape:
         raise ValueError(f"real and fake must have the same shape (members, B, F), got {tuple(real.shape)} and {tuple(fake.shape)}")
     if alpha.shape != real.shape[:2] + (1,):
         raise ValueError(f"alpha must have shape {tuple(real.shape[:2]) + (1,)}, got {tuple(alpha.shape)}")
     x_hat = (alpha * real + (1 - alpha) * fake).detach().requires_grad_(True)
-    (grad,) = torch.autograd.grad(critic_net(x_hat).sum(), x_hat, create_graph=create_graph)
+    scores = frozen_forward(critic_net, x_hat) if frozen else critic_net(x_hat)
+    (grad,) = torch.autograd.grad(scores.sum(), x_hat, create_graph=create_graph)
     norm = (grad.pow(2).sum(-1) + 1e-12).sqrt()  # the 1e-12 keeps the gradient finite at 0
     return (norm - 1) ** 2
 
@@ -315,6 +590,7 @@ def train_wgan_gp(
     betas: tuple[float, float] = (0.0, 0.9),
     gp_weight: float = 10.0,
     joint: bool = False,
+    penalty: str = "coupled",
     eval_every: int | None = None,
     evaluate: Callable[[Net], dict[str, np.ndarray]] | None = None,
 ) -> GANHistory:
@@ -327,17 +603,21 @@ def train_wgan_gp(
     ``-mean D(G(z))``; Adam with ``lr`` and ``betas`` for both. The critic scores the real,
     the fake and the interpolated batch in three separate calls (so a batch-norm critic
     normalizes each with its own statistics); ``joint=True`` scores the real and the fake batch
-    together in the critic steps, as one batch of ``2 * batch_size``, while the generator step
-    still scores a batch of generated examples alone (so a batch-norm critic still hides that
-    batch's mean from the generator). Member ``s`` draws its randomness from a
-    generator derived from ``gen.seeds[s]``.
+    together, as one batch of ``2 * batch_size``, in the critic steps *and* in the generator
+    step (which draws a fresh real batch to score its generated batch with), so a batch-norm
+    critic sees the difference between the real and the generated batch's means; the
+    interpolated batch of the penalty is still scored alone. ``penalty="frozen"`` computes the
+    penalty with the batch statistics held constant (:func:`gradient_penalty` with
+    ``frozen=True``: per example again), ``"coupled"`` as the paper's code. Member ``s`` draws
+    its randomness from a generator derived from ``gen.seeds[s]``. ``gen`` and ``crit`` may
+    also be the convolutional stacks of :func:`conv_generator` and :func:`conv_critic`.
 
     ``data``: ``(N, 64)`` images in ``[-1, 1]``. ``evaluate(gen)`` (optional) is called every
     ``eval_every`` generator steps and after the last, with both networks in eval mode, and
     returns a dict of per-member arrays ``(members,)``.
     """
-    if not isinstance(gen, Net) or not isinstance(crit, Net):
-        raise TypeError("gen and crit must be stacked Nets (see generator() and critic())")
+    if not isinstance(gen, (Net, ConvNet)) or not isinstance(crit, (Net, ConvNet)):
+        raise TypeError("gen and crit must be stacked Nets or ConvNets (see generator(), critic(), conv_generator(), conv_critic())")
     if _members(gen) != _members(crit) or gen.sizes[-1] != crit.sizes[0] or crit.sizes[-1] != 1:
         raise ValueError(f"gen and crit must have the same members and fit together, got {_members(gen)} members of sizes "
                          f"{gen.sizes} and {_members(crit)} of sizes {crit.sizes}")
@@ -347,6 +627,9 @@ def train_wgan_gp(
     check_number(lr, "lr", "a positive number", lambda v: v > 0)
     check_number(gp_weight, "gp_weight", "a non-negative number", lambda v: v >= 0)
     check_bool(joint, "joint")
+    check_choice(penalty, ("coupled", "frozen"), "penalty")
+    if penalty == "frozen" and not isinstance(crit, Net):
+        raise ValueError("penalty='frozen' needs an MLP critic (a Net)")
     if eval_every is not None:
         check_positive_int(eval_every, "eval_every")
     e, latent, dev = _members(gen), gen.sizes[0], data.device
@@ -376,13 +659,18 @@ def train_wgan_gp(
                 d_real, d_fake = d_real.mean(1), d_fake.mean(1)
             else:
                 d_real, d_fake = crit(real)[..., 0].mean(1), crit(fake)[..., 0].mean(1)
-            penalty = gradient_penalty(crit, real, fake, alpha).mean(1)
-            loss = d_fake - d_real + gp_weight * penalty  # (members,)
+            gp = gradient_penalty(crit, real, fake, alpha, frozen=penalty == "frozen").mean(1)
+            loss = d_fake - d_real + gp_weight * gp  # (members,)
             opt_c.zero_grad(set_to_none=True)
             loss.sum().backward()
             opt_c.step()
-        w_est[:, step], pen[:, step] = (d_real - d_fake).detach(), penalty.detach()
-        g_loss = -crit(gen(_noise((batch_size, latent), gens, dev)))[..., 0].mean(1)
+        w_est[:, step], pen[:, step] = (d_real - d_fake).detach(), gp.detach()
+        if joint:
+            real = data[_batches(len(data), batch_size, gens, dev)]
+            fake = gen(_noise((batch_size, latent), gens, dev))
+            g_loss = -crit(torch.cat([real, fake], 1))[:, batch_size:, 0].mean(1)
+        else:
+            g_loss = -crit(gen(_noise((batch_size, latent), gens, dev)))[..., 0].mean(1)
         opt_g.zero_grad(set_to_none=True)
         g_loss.sum().backward(inputs=list(gen.parameters()))
         opt_g.step()
@@ -396,7 +684,7 @@ def train_wgan_gp(
     return history
 
 
-def sample(gen: Net, n: int, seed: int = 0, batch_stats: bool | None = None) -> torch.Tensor:
+def sample(gen: Net | ConvNet, n: int, seed: int = 0, batch_stats: bool | None = None) -> torch.Tensor:
     """``n`` images from every member of a stacked generator ``(members, n, 64)``, from the
     same noise for every member (drawn from ``seed``), without gradients. ``batch_stats`` as in
     :meth:`Net.forward` (a batch-norm generator in eval mode uses its running statistics
@@ -550,3 +838,179 @@ def class_coverage(logits: torch.Tensor) -> tuple[float, float]:
     hist = torch.bincount(probs.argmax(-1), minlength=logits.shape[1]).double() / len(logits)
     entropy = -(hist[hist > 0] * hist[hist > 0].log()).sum()
     return float(probs.max(-1).values.mean()), float(entropy.exp())
+
+
+# ---------------------------------------------------------------------------------------------
+# Chapter 10's experiments as one configuration, shared by the notebook and the stored run of
+# benchmarks/generative.py (so that the two compute the same numbers).
+
+@dataclass
+class Judge:
+    """A classifier trained on the real training digits that scores generated ones:
+    ``classifier`` maps images ``(N, 64)`` in ``[0, 1]`` to logits ``(N, 10)``; ``reference``
+    ``(N_train, 128)`` is its hidden features of the training digits; ``test_acc`` its accuracy
+    on the held-out digits."""
+
+    classifier: nn.Module
+    reference: torch.Tensor
+    test_acc: float
+
+    def features(self, images: torch.Tensor) -> torch.Tensor:
+        """The 128 ReLU features under the output layer, ``(N, 64)`` -> ``(N, 128)``."""
+        return self.classifier.net[:-1](images)
+
+    def scores(self, images: torch.Tensor) -> tuple[float, float, float]:
+        """``(Fréchet distance to the training digits, confidence, classes)`` of ``images (n, 64)``
+        in ``[0, 1]`` (see :func:`frechet_distance`, :func:`class_coverage`)."""
+        check_float_tensor(images, "images")
+        with torch.no_grad():
+            return (frechet_distance(self.features(images), self.reference), *class_coverage(self.classifier(images)))
+
+    def evaluator(self, n: int = 360, seed: int = 1) -> Callable[[nn.Module], dict[str, np.ndarray]]:
+        """For :func:`train_wgan_gp`'s ``evaluate``: ``n`` samples of every member from the same
+        noise (``seed``), scored; returns ``{"fd", "confidence", "classes"}``, each ``(members,)``."""
+        def evaluate(gen: nn.Module) -> dict[str, np.ndarray]:
+            per_member = [self.scores((images + 1) / 2) for images in sample(gen, n, seed=seed)]
+            return {key: np.array([s[i] for s in per_member]) for i, key in enumerate(("fd", "confidence", "classes"))}
+        return evaluate
+
+
+def digits_judge(train: tuple[torch.Tensor, torch.Tensor], test: tuple[torch.Tensor, torch.Tensor],
+                 device: torch.device | str = "cpu") -> Judge:
+    """Chapter 10's judge: ``lnbook.models.MLP(64, (128,), 10)`` initialized after
+    ``seed_everything(0)`` and trained by :func:`lnbook.train.fit` for 30 epochs (Adam at
+    ``1e-3``, batches of 64, seed 0) on ``train = (images (N, 64) in [0, 1], labels (N,))``,
+    scored on ``test``; in eval mode on ``device``."""
+    from . import models, train as train_mod
+    from .utils import seed_everything
+
+    seed_everything(0)
+    net = models.MLP(64, (128,), 10)
+    history = train_mod.fit(net, train, test, epochs=30, lr=1e-3, batch_size=64, seed=0)
+    net = net.to(device).eval()
+    with torch.no_grad():
+        reference = net.net[:-1](train[0].to(device))
+    return Judge(net, reference, float(history.test_acc[-1]))
+
+
+@dataclass(frozen=True)
+class GanArm:
+    """One WGAN-GP setting of chapter 10: the generator's and the critic's norm, the penalty
+    weight ``gp_weight`` (lambda), a norm after the critic's first layer (``first_norm``),
+    ``joint`` and ``penalty`` as :func:`train_wgan_gp`'s, and ``conv``: the convolutional
+    networks of :func:`conv_generator` and :func:`conv_critic` instead of MLPs."""
+
+    gen_norm: str
+    crit_norm: str
+    gp_weight: float = 10.0
+    first_norm: bool = True
+    joint: bool = False
+    penalty: str = "coupled"
+    conv: bool = False
+
+
+GAN_ARMS: dict[str, GanArm] = {
+    "no-norm critic": GanArm("batch", "none"),
+    "LN critic": GanArm("batch", "layer"),
+    "BN critic": GanArm("batch", "batch"),
+    "BN critic, no penalty": GanArm("batch", "batch", gp_weight=0.0),
+    "BN critic, DCGAN-style": GanArm("batch", "batch", first_norm=False),
+    "LN critic, no-norm generator": GanArm("none", "layer"),
+    "BN critic, joint batches": GanArm("batch", "batch", joint=True),
+    "BN critic, per-example penalty": GanArm("batch", "batch", penalty="frozen"),
+    "no-norm critic, no penalty": GanArm("batch", "none", gp_weight=0.0),
+    "conv, no-norm critic": GanArm("batch", "none", conv=True),
+    "conv, LN critic": GanArm("batch", "layer", conv=True),
+    "conv, BN critic": GanArm("batch", "batch", conv=True),
+    "conv, BN critic, DCGAN-style": GanArm("batch", "batch", first_norm=False, conv=True),
+}
+"""Chapter 10's WGAN-GP settings by name (the MLP generator has BatchNorm unless said)."""
+
+CHAPTER_GAN = dict(steps=150, n_critic=5, batch_size=64, lr=1e-3, betas=(0.0, 0.9), eval_every=15)
+"""The chapter's WGAN-GP budget: 150 generator steps at 10x the paper's learning rate."""
+PAPER_GAN = dict(steps=1500, n_critic=5, batch_size=64, lr=1e-4, betas=(0.0, 0.9), eval_every=150)
+"""The paper's learning rate and Adam betas (Algorithm 1), for ten times as many generator steps."""
+GEN_HIDDEN, CRIT_HIDDEN, CONV_CHANNELS = (64, 128), (64, 64), (8, 16)
+CHAPTER_VAE = dict(steps=800, batch_size=64, lr=1e-3)
+
+
+def build_gan(arm: GanArm, seeds: Sequence[int], gen_hidden: Sequence[int] = GEN_HIDDEN,
+              crit_hidden: Sequence[int] = CRIT_HIDDEN, channels: tuple[int, int] = CONV_CHANNELS) -> tuple[nn.Module, nn.Module]:
+    """The stacked generator and critic of ``arm`` for every seed: MLPs (:func:`generator`,
+    :func:`critic`) or the convolutional pair (:func:`conv_generator`, :func:`conv_critic`)."""
+    if not isinstance(arm, GanArm):
+        raise TypeError(f"arm must be a GanArm, got {type(arm).__name__}")
+    if arm.conv:
+        return conv_generator(arm.gen_norm, seeds, channels), conv_critic(arm.crit_norm, seeds, channels, arm.first_norm)
+    return generator(arm.gen_norm, seeds, hidden=gen_hidden), critic(arm.crit_norm, seeds, crit_hidden, first_norm=arm.first_norm)
+
+
+def train_arm(arm: GanArm, seeds: Sequence[int], data: torch.Tensor, judge: Judge, settings: dict | None = None,
+              **sizes: object) -> tuple[nn.Module, nn.Module, GANHistory]:
+    """Build ``arm`` for every seed (:func:`build_gan`, ``sizes`` passed on) on ``data``'s
+    device and train it with :func:`train_wgan_gp` on ``data (N, 64)`` in ``[-1, 1]`` with
+    ``settings`` (default :data:`CHAPTER_GAN`), ``judge``'s scores of 360 samples at every
+    evaluation. Returns ``(gen, crit, history)``."""
+    gen, crit = (m.to(data.device) for m in build_gan(arm, seeds, **sizes))
+    history = train_wgan_gp(gen, crit, data, gp_weight=arm.gp_weight, joint=arm.joint, penalty=arm.penalty,
+                            evaluate=judge.evaluator(), **(CHAPTER_GAN if settings is None else settings))
+    return gen, crit, history
+
+
+@dataclass
+class StoredGenerative:
+    """Chapter 10's runs as ``benchmarks/generative.py`` stored them.
+
+    ``gan[(study, arm)]``: ``{"steps": (T,), "fd", "confidence", "classes": (seeds, T)}``, the
+    judge's scores at every evaluation, ``study`` ``"chapter"`` (:data:`CHAPTER_GAN`) or
+    ``"paper"`` (:data:`PAPER_GAN`); ``vae[norm]``: the held-out ELBO in eval mode after
+    :data:`CHAPTER_VAE`'s training, ``(seeds,)`` nats per digit; ``seeds``; ``provenance``: the
+    file's ``#`` lines."""
+
+    provenance: list[str]
+    seeds: list[int]
+    gan: dict[tuple[str, str], dict[str, np.ndarray]]
+    vae: dict[str, np.ndarray]
+
+    def final_fd(self, arm: str, study: str = "chapter") -> np.ndarray:
+        """The Fréchet distance at the last evaluation of ``arm`` in ``study``, per seed ``(seeds,)``."""
+        if (study, arm) not in self.gan:
+            raise ValueError(f"no stored run ({study!r}, {arm!r}); stored: {sorted(self.gan)}")
+        return self.gan[(study, arm)]["fd"][:, -1]
+
+
+def stored_generative(folder: str | None = None) -> StoredGenerative:
+    """Read ``generative-gan.csv`` and ``generative-vae.csv`` as ``benchmarks/generative.py``
+    wrote them, from ``lnbook/results/`` (installed with the package) or ``folder``; checks
+    that every (study, arm) has every seed at every evaluation step."""
+    import csv
+    import io
+    from importlib import resources
+    from pathlib import Path
+
+    def read(name: str) -> tuple[list[str], list[dict[str, str]]]:
+        text = (Path(folder) / name).read_text() if folder is not None else \
+            resources.files("lnbook").joinpath("results", name).read_text()
+        head = [line[2:] for line in text.splitlines() if line.startswith("# ")]
+        body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+        return head, list(csv.DictReader(io.StringIO(body)))
+
+    provenance, gan_rows = read("generative-gan.csv")
+    _, vae_rows = read("generative-vae.csv")
+    seeds = sorted({int(r["seed"]) for r in gan_rows})
+    gan: dict[tuple[str, str], dict[str, np.ndarray]] = {}
+    for key in sorted({(r["study"], r["arm"]) for r in gan_rows}):
+        rows = [r for r in gan_rows if (r["study"], r["arm"]) == key]
+        steps = sorted({int(r["step"]) for r in rows})
+        table = {(int(r["seed"]), int(r["step"])): r for r in rows}
+        if len(table) != len(rows) or set(table) != {(s, t) for s in seeds for t in steps}:
+            raise ValueError(f"stored run {key} is incomplete or has duplicates: expected seeds {seeds} x steps {steps}")
+        gan[key] = {"steps": np.array(steps)} | {m: np.array([[float(table[(s, t)][m]) for t in steps] for s in seeds])
+                                                 for m in ("fd", "confidence", "classes")}
+    vae_out: dict[str, np.ndarray] = {}
+    for norm in sorted({r["norm"] for r in vae_rows}):
+        by_seed = {int(r["seed"]): float(r["heldout_elbo"]) for r in vae_rows if r["norm"] == norm}
+        if sorted(by_seed) != seeds:
+            raise ValueError(f"stored VAE {norm!r} has seeds {sorted(by_seed)}, expected {seeds}")
+        vae_out[norm] = np.array([by_seed[s] for s in seeds])
+    return StoredGenerative(provenance, seeds, gan, vae_out)

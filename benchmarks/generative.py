@@ -1,0 +1,118 @@
+"""Chapter 10's WGAN-GP and VAE runs, stored: the chapter's own settings (so chapter 09 can read
+chapter 10's headline numbers, and chapter 10 asserts that its live runs reproduce them) and the
+paper's learning rate, which the notebook cannot afford.
+
+    PYTHONPATH=src python benchmarks/generative.py
+    PYTHONPATH=src python benchmarks/generative.py --seeds 2 --chapter-steps 2 --paper-steps 2 \
+        --vae-steps 2 --arms "LN critic" --workers 1 --out /tmp/x   # a smoke run
+
+Two studies of the WGAN-GP arms of ``lnbook.generative.GAN_ARMS`` (MLP and DCGAN-style
+convolutional critics and generators on the 8x8 digits in [-1, 1], five seeds of every arm as
+one stacked model, each arm built by ``generative.build_gan`` and trained by
+``generative.train_arm`` exactly as the notebook does):
+
+- ``chapter``: every arm at ``generative.CHAPTER_GAN`` (150 generator steps, five critic steps
+  each, Adam at 1e-3 with betas (0, 0.9), batches of 64, lambda = 10 unless the arm says 0);
+- ``paper``: the arms that decide the chapter's causal question and the convolutional arms at
+  ``generative.PAPER_GAN``: Gulrajani et al.'s Algorithm 1 with its learning rate 1e-4 and
+  betas (0, 0.9), 1,500 generator steps.
+
+At every evaluation (every 15 or 150 generator steps) each member draws 360 samples from fixed
+noise (eval mode) and chapter 10's judge (``generative.digits_judge``, trained on the training
+digits) scores them: Fréchet distance of its 128 hidden features to the training digits', its
+confidence and the classes it finds. The ``chapter`` study also trains the VAEs with no,
+batch and layer norm (``generative.CHAPTER_VAE``, 800 steps) and stores their held-out ELBO in
+eval mode (``generative.heldout_elbo``, ten noise draws).
+
+Writes ``generative-gan.csv`` (study, arm, seed, step, fd, confidence, classes) and
+``generative-vae.csv`` (study, norm, seed, heldout_elbo) with provenance as leading ``#``
+lines; by default into ``src/lnbook/results/``, read by ``generative.stored_generative()``.
+Two worker processes of one torch thread each (``--workers``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import torch
+
+from sigmoid_full import provenance, write_tables  # this script's folder is on the path when it runs
+
+from lnbook import data
+from lnbook import generative as G
+
+RESULTS = Path(__file__).resolve().parents[1] / "src" / "lnbook" / "results"
+PAPER_ARMS = ["no-norm critic", "LN critic", "BN critic", "BN critic, joint batches", "BN critic, per-example penalty",
+              "BN critic, no penalty", "no-norm critic, no penalty", "conv, no-norm critic", "conv, LN critic",
+              "conv, BN critic", "conv, BN critic, DCGAN-style"]
+_STATE: dict = {}
+
+
+def _setup() -> None:
+    """Each worker: one thread, the chapter's data and judge (as the notebook builds them)."""
+    torch.set_num_threads(1)
+    (train_x, train_y), (test_x, test_y) = data.digits_sequences(order="row")
+    train_flat, test_flat = train_x.flatten(1), test_x.flatten(1)
+    _STATE["judge"] = G.digits_judge((train_flat, train_y), (test_flat, test_y))
+    _STATE["pool"] = train_flat * 2 - 1
+    _STATE["binary"] = ((train_flat > 0.5).float(), (test_flat > 0.5).float())
+
+
+def _gan(study: str, arm: str, seeds: list[int], settings: dict) -> tuple[list[str], float]:
+    start = time.perf_counter()
+    _, _, h = G.train_arm(G.GAN_ARMS[arm], seeds, _STATE["pool"], _STATE["judge"], settings)
+    rows = [f"{study},\"{arm}\",{s},{step},{h.evals['fd'][m, t]:.9g},{h.evals['confidence'][m, t]:.9g},"
+            f"{h.evals['classes'][m, t]:.9g}" for m, s in enumerate(seeds) for t, step in enumerate(h.eval_steps)]
+    return rows, time.perf_counter() - start
+
+
+def _vae(norm: str, seeds: list[int], settings: dict) -> tuple[list[str], float]:
+    start = time.perf_counter()
+    binary_train, binary_test = _STATE["binary"]
+    model = G.vae(norm, seeds)
+    G.train_vae(model, binary_train, **settings)
+    heldout = G.heldout_elbo(model.eval(), binary_test).numpy()
+    return [f"chapter,{norm},{s},{heldout[m]:.9g}" for m, s in enumerate(seeds)], time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--chapter-steps", type=int, default=G.CHAPTER_GAN["steps"])
+    parser.add_argument("--paper-steps", type=int, default=G.PAPER_GAN["steps"])
+    parser.add_argument("--vae-steps", type=int, default=G.CHAPTER_VAE["steps"])
+    parser.add_argument("--arms", nargs="+", default=None, help="only these arms (default: all of each study)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    unknown = set(args.arms or []) - set(G.GAN_ARMS)
+    if unknown:
+        parser.error(f"unknown arms {sorted(unknown)}; known: {list(G.GAN_ARMS)}")
+    seeds = list(range(args.seeds))
+    chapter = G.CHAPTER_GAN | {"steps": args.chapter_steps}
+    paper = G.PAPER_GAN | {"steps": args.paper_steps}
+    wanted = (lambda names: [a for a in names if args.arms is None or a in args.arms])
+    head = provenance(f"seeds 0-{args.seeds - 1}; chapter: {chapter}; paper: {paper}; MLP generator {G.GEN_HIDDEN}, "
+                      f"critic {G.CRIT_HIDDEN}, conv channels {G.CONV_CHANNELS}; VAE {G.CHAPTER_VAE | {'steps': args.vae_steps}}")
+    jobs = [("chapter", a, chapter) for a in wanted(list(G.GAN_ARMS))] + [("paper", a, paper) for a in wanted(PAPER_ARMS)]
+    jobs.sort(key=lambda j: -j[2]["steps"])  # the long runs first, so the two workers finish together
+    gan_rows, vae_rows = ["study,arm,seed,step,fd,confidence,classes"], ["study,norm,seed,heldout_elbo"]
+    with ProcessPoolExecutor(args.workers, initializer=_setup) as pool:
+        gan_futures = [(j, pool.submit(_gan, j[0], j[1], seeds, j[2])) for j in jobs]
+        vae_futures = [(n, pool.submit(_vae, n, seeds, G.CHAPTER_VAE | {"steps": args.vae_steps})) for n in G.NORMS]
+        for (study, arm, _), future in gan_futures:
+            rows, seconds = future.result()
+            gan_rows += rows
+            print(f"{study}, {arm}: {seconds:.0f} s", flush=True)
+        for norm, future in vae_futures:
+            rows, seconds = future.result()
+            vae_rows += rows
+            print(f"VAE {norm}: {seconds:.0f} s", flush=True)
+    write_tables(args.out, head, {"generative-gan.csv": gan_rows, "generative-vae.csv": vae_rows})
+
+
+if __name__ == "__main__":
+    main()
