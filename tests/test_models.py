@@ -121,3 +121,25 @@ def test_weight_norm_init_standardizes_each_layer_on_the_batch():
         models.weight_norm_init(model, x[:1])
     with pytest.raises(ValueError, match="scale"):
         models.weight_norm_init(model, x, scale=0)
+
+
+def test_weight_norm_init_without_keeping_weight_norm_is_the_same_function_with_plain_weights():
+    import pickle
+
+    from torch.nn.utils import parametrize
+
+    torch.manual_seed(0)
+    x = torch.randn(64, 12)
+    utils.seed_everything(1)
+    kept = models.weight_norm_init(models.MLP(12, (16, 8), 3, "weight"), x)
+    utils.seed_everything(1)
+    plain = models.weight_norm_init(models.MLP(12, (16, 8), 3, "weight"), x, keep_weight_norm=False)
+    assert not any(parametrize.is_parametrized(m) for m in plain.modules())
+    torch.testing.assert_close(plain(x), kept(x))
+    again = pickle.loads(pickle.dumps(plain))  # stays plain: no weight norm comes back
+    assert not any(parametrize.is_parametrized(m) for m in again.modules())
+    torch.testing.assert_close(again(x), plain(x))
+    stacked = seeds.stack([plain, plain])
+    torch.testing.assert_close(stacked(x.expand(2, 64, 12))[0], plain(x))
+    with pytest.raises(TypeError, match="keep_weight_norm"):
+        models.weight_norm_init(models.MLP(12, (16,), 3, "weight"), x, keep_weight_norm=1)

@@ -67,7 +67,8 @@ class MLP(PicklesWithParametrizations, nn.Module):
         return self.net(x)
 
 
-def weight_norm_init(model: nn.Module, x: torch.Tensor, scale: float = 1.0, eps: float = 1e-6) -> nn.Module:
+def weight_norm_init(model: nn.Module, x: torch.Tensor, scale: float = 1.0, eps: float = 1e-6,
+                     keep_weight_norm: bool = True) -> nn.Module:
     """Salimans and Kingma's data-dependent initialization of every weight-normalized
     ``nn.Linear`` of ``model`` (torch's ``parametrizations.weight_norm``, ``w = g v / ||v||``
     per output row), in place; returns ``model``.
@@ -81,11 +82,19 @@ def weight_norm_init(model: nn.Module, x: torch.Tensor, scale: float = 1.0, eps:
     ``g`` (so ``w = v``): :func:`lnbook.seeds.stack` re-derives ``g = ||w||`` and ``v = w``, so
     a stacked member keeps exactly these ``g`` and ``v`` and trains as it would alone.
     No gradient is recorded; dropout, if any, runs in the model's current mode.
+
+    ``keep_weight_norm=False``: the control that separates the initialization from the
+    reparametrization. After the initialization the weight norm is removed
+    (``parametrize.remove_parametrizations``, leaving ``w``), so the model computes the same
+    function at step 0 and then trains its weights directly, as a network without weight
+    normalization would.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.ndim < 2 or len(x) < 2:
         raise ValueError(f"x must be a float tensor (B, ...) with B >= 2 inputs, got {describe(x)}")
+    if not isinstance(keep_weight_norm, bool):
+        raise TypeError(f"keep_weight_norm must be a bool, got {describe(keep_weight_norm)}")
     if not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and 0 < scale < float("inf")):
         raise ValueError(f"scale must be a positive finite number, got {describe(scale)}")
     layers = [m for m in model.modules() if isinstance(m, nn.Linear) and parametrize.is_parametrized(m, "weight")
@@ -111,6 +120,12 @@ def weight_norm_init(model: nn.Module, x: torch.Tensor, scale: float = 1.0, eps:
             v.mul_(gain.reshape(g.shape) / v.norm(dim=1, keepdim=True))
             if layer.bias is not None:
                 layer.bias.copy_(-mean * gain)
+    if not keep_weight_norm:
+        for layer in layers:
+            parametrize.remove_parametrizations(layer, "weight", leave_parametrized=True)
+            for key, hook in list(layer._load_state_dict_pre_hooks.items()):  # weight_norm's loading hook, unpicklable
+                if "_weight_norm_compat_hook" in getattr(getattr(hook, "hook", hook), "__qualname__", ""):
+                    del layer._load_state_dict_pre_hooks[key]
     return model
 
 
