@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lnbook import data, train
+from lnbook import data, train, transformer, utils
 import math
 
 from lnbook.norms import DyT, RMSNorm
@@ -466,3 +466,67 @@ def test_the_new_block_wirings_stay_causal_and_stack(kw):
     out = stacked(torch.stack([idx, changed]))
     for i, member in enumerate(members):
         torch.testing.assert_close(out[i], member((idx, changed)[i]), rtol=1e-9, atol=1e-9)
+
+
+def test_precise_bn_sets_running_statistics_to_the_average_over_the_training_batches():
+    from lnbook import seeds
+    from lnbook.norms import MaskedBatchNorm1d
+    from lnbook.transformer import precise_bn
+
+    torch.manual_seed(0)
+    images = torch.randn(40, 8, 8) * 2 + 1
+    model = transformer.TinyViT(patch_size=4, norm="batchnorm").eval()
+    first = next(m for m in model.modules() if isinstance(m, MaskedBatchNorm1d))
+    seen = []
+    hook = first.register_forward_hook(lambda m, i, o: seen.append(i[0].detach().reshape(-1, i[0].shape[-1])))
+    weights = {k: v.clone() for k, v in model.state_dict().items() if "running" not in k and "tracked" not in k}
+    assert precise_bn(model, images, batch_size=16) == 5  # 2 blocks x 2 norms + the final norm
+    hook.remove()
+    assert len(seen) == 3 and not model.training and first.momentum == 0.1  # batches of 16, 16, 8; all restored
+    torch.testing.assert_close(first.running_mean, torch.stack([s.mean(0) for s in seen]).mean(0))
+    torch.testing.assert_close(first.running_var, torch.stack([s.var(0, correction=1) for s in seen]).mean(0))
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in weights.items())  # the weights did not move
+    members = []
+    for s in range(2):
+        utils.seed_everything(s)
+        members.append(transformer.TinyViT(patch_size=4, norm="batchnorm"))
+    stacked = seeds.stack(members)
+    precise_bn(stacked, images, batch_size=16)
+    for member in members:
+        precise_bn(member, images, batch_size=16)
+    x = images[:5]
+    torch.testing.assert_close(stacked.eval()(x.expand(2, *x.shape)), torch.stack([m.eval()(x) for m in members]),
+                               atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="no batch norm"):
+        precise_bn(transformer.TinyViT(patch_size=4), images)
+
+
+def test_fit_vit_trains_each_member_at_its_rate_on_its_seed_s_batches():
+    from lnbook import seeds
+    from lnbook.transformer import fit_vit
+
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(96) % 3
+    x = torch.randn(96, 8, 8, generator=g) * 0.3 + y.view(-1, 1, 1).float()  # three easy classes
+    val = (x[:30], y[:30])
+
+    def stack(lrs):
+        members = []
+        for s in range(len(lrs)):
+            utils.seed_everything(0)
+            members.append(transformer.TinyViT(patch_size=4, n_classes=3, norm="layernorm", n_layer=1, d_model=16))
+        return seeds.stack(members)
+
+    model = stack([1e-3, 1e-2])
+    hist = fit_vit(model, (x, y), val, steps=12, lr=[1e-3, 1e-2], seeds=[0, 0], batch_size=16, warmup=3, eval_every=6)
+    assert [h.eval_steps for h in hist] == [[6, 12], [6, 12]] and len(hist[0].step_loss) == 12
+    assert hist[0].step_loss[0] == pytest.approx(hist[1].step_loss[0])  # same weights, same first batch
+    assert hist[1].step_loss[-1] < hist[0].step_loss[-1]  # the larger rate learns faster here
+    alone = fit_vit(stack([1e-2]), (x, y), val, steps=12, lr=1e-2, seeds=[0], batch_size=16, warmup=3, eval_every=6)
+    assert alone[0].step_loss == pytest.approx(hist[1].step_loss, rel=1e-4)  # a member trains as it would alone
+    wild = fit_vit(stack([1e-3, 1e6]), (x, y), val, steps=30, lr=[1e-3, 1e6], seeds=[0, 0], batch_size=16, eval_every=10)
+    assert not wild[0].diverged and len(wild[0].step_loss) == 30
+    with pytest.raises(ValueError, match="warmup"):
+        fit_vit(model, (x, y), val, steps=12, lr=1e-3, seeds=[0, 0], warmup=12)
+    with pytest.raises(TypeError, match="train"):
+        fit_vit(model, x, val, steps=12, lr=1e-3, seeds=[0, 0])

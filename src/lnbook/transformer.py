@@ -469,3 +469,139 @@ def block_grad_norms(model: TinyGPT, idx: torch.Tensor, targets: torch.Tensor, p
         math.sqrt(sum(float(p.grad.pow(2).sum()) for name, p in block.named_parameters() if chosen(name, p)))
         for block in model.blocks
     ]
+
+
+def _batch_norms(model: nn.Module) -> list[nn.Module]:
+    """The batch-norm modules of ``model``: lnbook's (plain) or their stacked form (:class:`lnbook.seeds.Norm`)."""
+    from .seeds import BATCH_NORMS
+    from .seeds import Norm as StackedNorm
+
+    return [m for m in model.modules() if isinstance(m, BATCH_NORMS)
+            or (isinstance(m, StackedNorm) and issubclass(m.plain, BATCH_NORMS))]
+
+
+def precise_bn(model: nn.Module, images: torch.Tensor, batch_size: int = 64) -> int:
+    """"Precise BatchNorm": recompute every batch norm's running statistics from one pass over
+    ``images (N, H, W)`` (the training set) at fixed weights, in place, for a model scored in
+    eval mode with statistics of its final weights rather than running averages that mix in
+    earlier ones.
+
+    The running mean and (unbiased) variance become the equally weighted average of those of
+    the ``ceil(N / batch_size)`` batches of ``images`` in order, taken in training mode without
+    gradients: PyTorch's ``momentum=None`` (a cumulative average), done by setting the
+    momentum of batch ``k`` (from 1) to ``1 / k``. The weights do not change; the momenta and
+    the training/eval mode are restored. A stacked model (:func:`lnbook.seeds.stack`) gets
+    each member's statistics from the same images. Returns the number of batch norms reset;
+    raises ``ValueError`` if there is none.
+    """
+    from .seeds import members
+
+    norms = _batch_norms(model)
+    if not norms:
+        raise ValueError("model has no batch norm whose statistics could be recomputed")
+    if not isinstance(images, torch.Tensor) or not images.is_floating_point() or images.ndim < 2 or len(images) < 2:
+        raise ValueError(f"images must be a float tensor (N, ...) of N >= 2 training inputs, got {describe(images)}")
+    check_positive_int(batch_size, "batch_size")
+    s = members(model)
+    device = next(model.parameters()).device
+    momenta, was_training = [m.momentum for m in norms], model.training
+    model.train()
+    try:
+        with torch.no_grad():
+            for k, start in enumerate(range(0, len(images), batch_size), start=1):
+                for m in norms:
+                    m.momentum = 1.0 / k
+                x = images[start : start + batch_size].to(device)
+                if len(x) < 2:  # a batch norm needs two examples; a last batch of one is left out
+                    break
+                model(x if s is None else x.expand(s, *x.shape))
+    finally:
+        for m, momentum in zip(norms, momenta):
+            m.momentum = momentum
+        model.train(was_training)
+    return len(norms)
+
+
+@dataclass
+class ViTHistory:
+    """What :func:`fit_vit` recorded for one member: the training loss of every update
+    (``step_loss``), the validation accuracy (eval mode) after the updates ``eval_steps``
+    (``val_acc``), and whether the member stopped on a non-finite loss (``diverged``)."""
+
+    step_loss: list[float]
+    eval_steps: list[int]
+    val_acc: list[float]
+    diverged: bool = False
+
+
+def fit_vit(
+    model: nn.Module,
+    train: tuple[torch.Tensor, torch.Tensor],
+    val: tuple[torch.Tensor, torch.Tensor],
+    *,
+    steps: int,
+    lr: float | list[float],
+    seeds: list[int],
+    batch_size: int = 64,
+    warmup: int = 0,
+    decay: bool = True,
+    eval_every: int = 100,
+) -> list[ViTHistory]:
+    """Train a stacked classifier (:func:`lnbook.seeds.stack` of :class:`TinyViT`) with Adam and
+    cross-entropy for ``steps`` updates, each member at its own rate ``lr[s]`` (or one rate),
+    under a schedule: a linear warm-up over the first ``warmup`` updates, then (``decay``) a
+    cosine to 0 at the last update (:func:`lnbook.train.warmup_cosine`), or the full rate.
+
+    ``train``, ``val``: ``(images (N, H, W), labels (N,))``. Member ``s`` draws its batches of
+    ``batch_size`` from a permutation of ``train`` per pass, seeded by ``seeds[s]`` (the last
+    incomplete batch of a pass is dropped), so members with the same seed see the same batches
+    whatever their rate. A member whose loss is not finite stops (its weights are kept) and is
+    marked ``diverged``. The validation accuracy (eval mode) after every ``eval_every``
+    updates and after the last. One :class:`ViTHistory` per member.
+    """
+    from .seeds import _check_seeds, _member_lrs, _Optimizer, _stacked, accuracy
+    from .train import warmup_cosine
+
+    s = _stacked(model)
+    for value, name in ((steps, "steps"), (batch_size, "batch_size"), (eval_every, "eval_every")):
+        check_positive_int(value, name)
+    if not isinstance(warmup, int) or isinstance(warmup, bool) or not 0 <= warmup < steps:
+        raise ValueError(f"warmup must be an int in 0..steps-1 = {steps - 1}, got {describe(warmup)}")
+    check_bool(decay, "decay")
+    for data, name in ((train, "train"), (val, "val")):
+        if not (isinstance(data, tuple) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data)
+                and len(data[0]) == len(data[1])):
+            raise TypeError(f"{name} must be (images (N, H, W), labels (N,)), got {describe(data)}")
+    n = len(train[1])
+    if n < batch_size:
+        raise ValueError(f"batch_size ({batch_size}) must not exceed the training examples ({n})")
+    step = _Optimizer(model, _member_lrs(lr, s), "adam", None)
+    generators = [torch.Generator().manual_seed(seed) for seed in _check_seeds(seeds, s)]
+    device = step.params[0].device
+    per_pass = n // batch_size
+    histories = [ViTHistory([], [], []) for _ in range(s)]
+    active = torch.ones(s, dtype=torch.bool, device=device)
+    order: torch.Tensor | None = None
+    model.train()
+    for t in range(1, steps + 1):
+        k = (t - 1) % per_pass
+        if k == 0:
+            order = torch.stack([torch.randperm(n, generator=g)[: per_pass * batch_size] for g in generators])
+        idx = order[:, k * batch_size : (k + 1) * batch_size]
+        x, y = train[0][idx].to(device), train[1][idx].to(device)
+        losses = F.cross_entropy(model(x).transpose(1, 2), y, reduction="none").mean(1)
+        factor = warmup_cosine(t, warmup, steps) if decay else min(1.0, t / warmup) if warmup else 1.0
+        step.step(losses, active, factor)
+        for i, loss in enumerate(losses.tolist()):
+            if bool(active[i]):
+                histories[i].step_loss.append(loss)
+                if not math.isfinite(loss):
+                    histories[i].diverged, active[i] = True, False
+        if t % eval_every == 0 or t == steps:
+            acc = accuracy(model, val)
+            for i, h in enumerate(histories):
+                h.eval_steps.append(t)
+                h.val_acc.append(float(acc[i]))
+        if not bool(active.any()):
+            break
+    return histories
