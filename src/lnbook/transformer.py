@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -605,3 +607,94 @@ def fit_vit(
         if not bool(active.any()):
             break
     return histories
+
+
+@dataclass
+class ViTSweep:
+    """The stored ViT sweep of ``benchmarks/vit_sweep.py`` (:func:`stored_vit_sweep`), keyed by
+    ``(norm, depth, lr)`` with norm ``"none"``, ``"layernorm"`` or ``"batchnorm"``: ``val`` the
+    final validation accuracy, ``test`` the test accuracy in eval mode, ``diverged`` whether the
+    run stopped on a non-finite loss, each ``(S,)``; for BatchNorm only, ``precise`` the test
+    accuracy after :func:`precise_bn` and ``batch`` with the statistics of the whole test set
+    (one batch of 360). ``steps`` the evaluation steps; ``train_loss`` and ``val_curve``
+    ``(S, len(steps))``: the mean training loss since the previous evaluation and the
+    validation accuracy. Seeds ascending; ``provenance``: machine, commit, date, command,
+    versions and setting."""
+
+    provenance: list[str]
+    seeds: list[int]
+    norms: list[str]
+    depths: list[int]
+    lrs: list[float]
+    steps: list[int]
+    val: dict[tuple[str, int, float], np.ndarray]
+    test: dict[tuple[str, int, float], np.ndarray]
+    diverged: dict[tuple[str, int, float], np.ndarray]
+    precise: dict[tuple[str, int, float], np.ndarray]
+    batch: dict[tuple[str, int, float], np.ndarray]
+    train_loss: dict[tuple[str, int, float], np.ndarray]
+    val_curve: dict[tuple[str, int, float], np.ndarray]
+
+    def select(self, depth: int, measure: str = "test"):
+        """At ``depth``, each norm's rate chosen on the final validation accuracy
+        (:func:`lnbook.compare.select`, higher is better; a diverged run counts as the worst)
+        and its per-seed ``measure`` there: ``"test"`` (eval mode), or for BatchNorm alone
+        ``"precise"`` or ``"batch"``. Arms are named by norm. Returns the
+        :class:`lnbook.compare.Selection`."""
+        from .compare import select
+
+        check_choice(measure, ("test", "precise", "batch"), "measure")
+        if depth not in self.depths:
+            raise ValueError(f"depth must be one of {self.depths}, got {describe(depth)}")
+        norms = self.norms if measure == "test" else [n for n in self.norms if n == "batchnorm"]
+        values = getattr(self, measure)
+        val = {n: {lr: np.where(self.diverged[n, depth, lr], np.nan, self.val[n, depth, lr]) for lr in self.lrs}
+               for n in norms}
+        return select(val, lambda n, lr: values[n, depth, lr])
+
+
+def stored_vit_sweep(folder: str | Path | None = None) -> ViTSweep:
+    """The ViT sweep that chapter 09 cannot afford to train, read from the files
+    ``benchmarks/vit_sweep.py`` wrote into ``lnbook/results/`` (installed with the package;
+    ``folder``: another folder the script wrote into), checked for completeness: every norm,
+    depth and rate holds every seed and evaluation step."""
+    import csv
+    from importlib import resources
+
+    if folder is not None and not isinstance(folder, (str, Path)):
+        raise TypeError(f"folder must be a path or None, got {describe(folder)}")
+
+    def read(name: str) -> tuple[list[str], list[dict[str, str]]]:
+        path = resources.files("lnbook") / "results" / name if folder is None else Path(folder) / name
+        lines = path.read_text().splitlines()
+        return [l[2:] for l in lines if l.startswith("# ")], list(csv.DictReader(l for l in lines if not l.startswith("#")))
+
+    provenance, final_rows = read("vit_sweep-final.csv")
+    _, curve_rows = read("vit_sweep-curves.csv")
+    key = lambda r: (r["norm"], int(r["depth"]), float(r["lr"]))  # noqa: E731
+    final: dict[tuple, dict[int, dict[str, str]]] = {}
+    for r in final_rows:
+        final.setdefault(key(r), {})[int(r["seed"])] = r
+    curves: dict[tuple, dict[int, list[dict[str, str]]]] = {}
+    for r in curve_rows:
+        curves.setdefault(key(r), {}).setdefault(int(r["seed"]), []).append(r)
+    norms = list(dict.fromkeys(k[0] for k in final))
+    depths, lrs = sorted({k[1] for k in final}), sorted({k[2] for k in final})
+    seeds = sorted(next(iter(final.values())))
+    grid = {(n, d, lr) for n in norms for d in depths for lr in lrs}
+    if set(final) != grid or set(curves) != grid or any(sorted(v) != seeds for v in (*final.values(), *curves.values())):
+        raise ValueError("the stored ViT sweep does not hold every seed of every norm, depth and rate")
+    steps = [int(r["step"]) for r in curves[next(iter(grid))][seeds[0]]]
+    if any([int(r["step"]) for r in rows] != steps for c in curves.values() for rows in c.values()):
+        raise ValueError("the stored ViT sweep's curves do not all hold the same evaluation steps")
+
+    def column(name: str, keys=grid) -> dict:
+        return {k: np.array([float(final[k][s][name]) for s in seeds]) for k in sorted(keys)}
+
+    bn = {k for k in grid if k[0] == "batchnorm"}
+    return ViTSweep(provenance=provenance, seeds=seeds, norms=norms, depths=depths, lrs=lrs, steps=steps,
+                    val=column("val_acc"), test=column("test_acc"),
+                    diverged={k: v.astype(bool) for k, v in column("diverged").items()},
+                    precise=column("precise_acc", bn), batch=column("batch_acc", bn),
+                    train_loss={k: np.array([[float(r["train_loss"]) for r in curves[k][s]] for s in seeds]) for k in grid},
+                    val_curve={k: np.array([[float(r["val_acc"]) for r in curves[k][s]] for s in seeds]) for k in grid})
