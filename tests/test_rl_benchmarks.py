@@ -69,3 +69,18 @@ def test_the_stored_runs_are_complete():
     for (arm, lr), values in dqn.test.items():
         assert lr == max(dqn.val[arm], key=lambda r: dqn.val[arm][r].mean())
         np.testing.assert_allclose(values, dqn.curves["test", arm, lr][:, -4:].mean(1), rtol=1e-4)
+
+
+def test_the_stored_plasticity_run_is_complete():
+    run = rl.stored_plasticity()
+    assert (run.steps, run.tasks, run.val_seeds, run.test_seeds) == (1000, 8, [100, 101, 102], list(range(5)))
+    decays = {k[2] for k in run.fit if k[0] == "val"}
+    assert decays == {0.01, 0.1}
+    for norm in ("none", "layer"):
+        for targets in rl.PLASTICITY_TARGETS:
+            grid = {d: run.fit["val", norm, d, targets, "continual"].mean() for d in decays}
+            chosen = min(grid, key=grid.get)  # chosen on validation: the lowest mean fit over all tasks
+            assert {k[2] for k in run.fit if k[0] == "test" and k[1:2] == (norm,) and k[3] == targets} == {0.0, chosen}
+            fresh = run.fit["test", norm, 0.0, targets, "fresh"]
+            assert fresh[:, 0].mean() < 0.1  # the tasks are long enough that a new network fits the first
+    assert all(((v >= 0) & (v <= 1)).all() for v in run.dead.values())
