@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+from pathlib import Path
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -368,3 +369,90 @@ def norm_sets_figure(sizes: Sequence[int] = (2, 4, 3), features: int = 6):
     fig.suptitle("A batch of graphs, nodes stacked: blue cells share one mean and variance", y=0.98)
     fig.tight_layout()
     return fig
+
+
+@dataclass
+class GraphRace:
+    """The stored graph race of ``benchmarks/graph_race.py`` (:func:`stored_graph_race`): GraphNet
+    with each norm on the main path, keyed by ``(norm, lr)``. ``train_loss`` and ``val_curve``:
+    per seed and epoch, the epoch's mean training loss (training mode) and the validation MSE
+    after it (eval mode), ``(S, epochs)``; ``val``, ``test``, ``large``: the final MSE on the
+    validation set, the test graphs of 5-100 nodes and those of 101-200 nodes, ``(S,)``.
+    ``lookup`` and ``variance``: per set (``"val"``, ``"test"``, ``"large"``), the degree
+    lookup's MSE and the target variance. Seeds ascending; ``provenance``: machine, commit,
+    date, command, versions and setting."""
+
+    provenance: list[str]
+    seeds: list[int]
+    norms: list[str]
+    lrs: list[float]
+    train_loss: dict[tuple[str, float], np.ndarray]
+    val_curve: dict[tuple[str, float], np.ndarray]
+    val: dict[tuple[str, float], np.ndarray]
+    test: dict[tuple[str, float], np.ndarray]
+    large: dict[tuple[str, float], np.ndarray]
+    lookup: dict[str, float]
+    variance: dict[str, float]
+
+    def select(self, measure: str = "test", relative_to: str | None = "lookup"):
+        """Each norm's rate chosen on the final validation MSE (:func:`lnbook.compare.select`,
+        lower is better) and its per-seed ``measure`` there (``"test"`` or ``"large"``),
+        divided by that set's degree-lookup MSE (``relative_to="lookup"``), its target variance
+        (``"variance"``) or raw (None). Returns the :class:`lnbook.compare.Selection`."""
+        from .compare import select
+
+        check_choice(measure, ("test", "large"), "measure")
+        if relative_to is not None:
+            check_choice(relative_to, ("lookup", "variance"), "relative_to")
+        scale = 1.0 if relative_to is None else getattr(self, relative_to)[measure]
+        values = getattr(self, measure)
+        return select({n: {lr: self.val[n, lr] for lr in self.lrs} for n in self.norms},
+                      lambda n, lr: values[n, lr] / scale, higher=False)
+
+
+def _read_csv(folder: Path | None, name: str) -> tuple[list[str], list[dict[str, str]]]:
+    """A stored result file's provenance lines and rows, from ``folder`` or else the package's ``results/``."""
+    import csv
+    from importlib import resources
+
+    path = resources.files("lnbook") / "results" / name if folder is None else Path(folder) / name
+    lines = path.read_text().splitlines()
+    return [line[2:] for line in lines if line.startswith("# ")], list(csv.DictReader(l for l in lines if not l.startswith("#")))
+
+
+def stored_graph_race(folder: str | Path | None = None) -> GraphRace:
+    """The graph race that chapter 09 cannot afford to train, read from the files
+    ``benchmarks/graph_race.py`` wrote into ``lnbook/results/`` (installed with the package;
+    ``folder``: another folder the script wrote into), checked for completeness: every norm at
+    every rate holds every seed and epoch."""
+    from .batchnorm_study import _per_seed
+
+    if folder is not None and not isinstance(folder, (str, Path)):
+        raise TypeError(f"folder must be a path or None, got {describe(folder)}")
+    provenance, final_rows = _read_csv(folder, "graph_race-final.csv")
+    seeds, final = _per_seed(final_rows, lambda r: (r["norm"], float(r["lr"])), "graph race")
+    _, curve_rows = _read_csv(folder, "graph_race-curves.csv")
+    curves: dict[tuple[str, float], dict[int, list[tuple[int, float, float]]]] = {}
+    for r in curve_rows:
+        curves.setdefault((r["norm"], float(r["lr"])), {}).setdefault(int(r["seed"]), []).append(
+            (int(r["epoch"]), float(r["train_loss"]), float(r["val_mse"])))
+    norms = list(dict.fromkeys(k[0] for k in final))
+    lrs = sorted({k[1] for k in final})
+    if set(curves) != set(final) or set(final) != {(n, lr) for n in norms for lr in lrs}:
+        raise ValueError("the stored graph race does not hold every norm at every rate")
+    epochs = len(curves[norms[0], lrs[0]][seeds[0]])
+    train_loss, val_curve = {}, {}
+    for key, by_seed in curves.items():
+        if sorted(by_seed) != seeds or any([e for e, _, _ in by_seed[s]] != list(range(1, epochs + 1)) for s in seeds):
+            raise ValueError(f"the stored graph race's curves for {key} do not hold every seed and epoch")
+        train_loss[key] = np.array([[t for _, t, _ in by_seed[s]] for s in seeds])
+        val_curve[key] = np.array([[v for _, _, v in by_seed[s]] for s in seeds])
+    base = {r["set"]: r for r in _read_csv(folder, "graph_race-baselines.csv")[1]}
+
+    def column(name: str) -> dict[tuple[str, float], np.ndarray]:
+        return {k: np.array([float(g[s][name]) for s in seeds]) for k, g in final.items()}
+
+    return GraphRace(provenance=provenance, seeds=seeds, norms=norms, lrs=lrs, train_loss=train_loss, val_curve=val_curve,
+                     val=column("val_mse"), test=column("test_mse"), large=column("large_mse"),
+                     lookup={k: float(r["lookup_mse"]) for k, r in base.items()},
+                     variance={k: float(r["variance"]) for k, r in base.items()})
