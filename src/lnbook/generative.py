@@ -310,7 +310,7 @@ class ConvNet(nn.Module):
     ``norm``: ``"none"``; ``"batch"``: each channel normalized over the batch *and* the image's
     positions (as ``torch.nn.BatchNorm2d``; running averages of the mean and unbiased variance
     with ``momentum``, used in eval mode); ``"layer"``: each example normalized over all its
-    channels and positions (Gulrajani et al.'s critic), with a gain and a shift per channel.
+    channels and positions, with a gain and a shift per channel.
     ``first_norm=False`` (critic): no norm after the first convolution (DCGAN's and Arjovsky
     et al.'s discriminators). Member ``s``'s weights are drawn from a generator seeded with
     ``seeds[s]``, ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``.
