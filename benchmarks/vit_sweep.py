@@ -81,7 +81,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--norms", nargs="+", default=list(NORMS), choices=NORMS)
     parser.add_argument("--depths", type=int, nargs="+", default=[2, 6])
-    parser.add_argument("--lrs", type=float, nargs="+", default=[0.001, 0.003, 0.01])
+    parser.add_argument("--lrs", type=float, nargs="+", default=[0.003, 0.01, 0.03])
     parser.add_argument("--steps", type=int, default=176)  # the notebook's budget (8 epochs of 22 batches)
     parser.add_argument("--eval-every", type=int, default=22)
     parser.add_argument("--seeds", type=int, default=5)

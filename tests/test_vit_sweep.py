@@ -38,3 +38,14 @@ def test_smoke_run_is_read_back_complete_with_provenance(tmp_path):
     (tmp_path / "vit_sweep-final.csv").write_text("\n".join(lines[:-1]) + "\n")
     with pytest.raises(ValueError, match="every seed"):
         transformer.stored_vit_sweep(tmp_path)
+
+
+def test_stored_sweep_brackets_every_arm_s_best_rate(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # read from the installed package, not from a path relative to notebooks/
+    sweep = transformer.stored_vit_sweep()
+    assert sweep.seeds == list(range(5)) and sweep.depths == [2, 6] and sweep.lrs == [0.003, 0.01, 0.03]
+    assert sweep.norms == ["none", "layernorm", "batchnorm"] and sweep.steps[-1] == 176
+    for depth in sweep.depths:
+        chosen = sweep.select(depth)
+        for norm in sweep.norms:  # no arm wants a rate above the grid (the first run, 1e-3 to 1e-2, left no norm and LN at its top)
+            assert chosen.setting[norm] < max(sweep.lrs) and not sweep.diverged[norm, depth, chosen.setting[norm]].any()
