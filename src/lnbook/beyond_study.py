@@ -1,0 +1,339 @@
+"""Chapter 09's experiments and the helpers that read them: graphs, a vision transformer, DQN,
+a plasticity test and ten norms in an MLP and an LSTM, all queued at once.
+
+:func:`setup` builds the data and the settings of every experiment (``full=True``: twice the
+epochs, environment steps and tasks, and 10 graph and 10 ViT seeds); :func:`queue` starts every
+job on the chapter's workers (:func:`lnbook.train.cpu_workers`) and returns the futures by
+section, so that each section of the chapter waits only for its own runs. Every arm except the
+graph networks trains its seeds as one stacked model (:mod:`lnbook.seeds`). A stacked member is
+the model a single run with its seed would train for the classifiers and the refitted MLPs; the
+DQN agents are not: each has its own environment and exploration, but :func:`lnbook.rl.dqn`
+draws every agent's replay indices from one generator, so an agent's batches depend on how many
+agents share the stack.
+
+The rest reads the results: :func:`updates` (the budget of a run, in optimizer updates),
+:func:`reached`, :func:`mean`, :func:`vit_compare`, :func:`batch_mate_effect`,
+:func:`vit_accuracy` and :func:`said` (one comparison's verdict as the closing table quotes it).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Hashable, Mapping, Sequence
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from . import data, graphs, models, norms, rl, rnn, seeds, train
+from ._checks import check_bool, check_positive_int, describe
+from .compare import Comparisons, compare
+from .transformer import TinyViT
+from .utils import ci, seed_everything
+
+GRAPH_NORMS = {"no norm": "none", "BatchNorm": "batch", "LayerNorm, node": "layer_node",
+               "LayerNorm, graph": "layer_graph", "GraphNorm": "graph"}
+VIT_NORMS = {"no norm": "none", "LayerNorm": "layernorm", "BatchNorm": "batchnorm"}
+PATCHES = (2, 4)
+CARTPOLE_NORMS = {"no norm": "none", "LayerNorm": "layer", "BatchNorm": "batch"}
+REFIT_NORMS = {"no norm": "none", "LayerNorm": "layer"}
+NORMS = {"none": "no norm", "batch": "BatchNorm", "layer": "LayerNorm", "layer_simple": "LayerNorm, no gain or bias",
+         "group4": "GroupNorm (4 groups)", "weight": "weight normalization", "rms": "RMSNorm", "dyt": "DyT",
+         "detach": "DetachNorm", "adanorm": "AdaNorm"}
+# section 5's arms beyond the ten norms: Xu et al.'s C = 2 for AdaNorm (MLP and LSTM), and in the MLP Salimans and
+# Kingma's data-dependent initialization, with the weight norm and without it (the control: the init alone)
+EXTRA = {"adanorm_c2": "AdaNorm, C = 2", "weight_ddi": "weight normalization, data-dependent init",
+         "ddi": "data-dependent init, no weight normalization"}
+LSTM_ARMS = (*NORMS, "adanorm_c2")
+MLP_ARMS = (*NORMS, *EXTRA)
+ARMS = {**NORMS, **EXTRA}
+COLOR = {"no norm": "C0", "BatchNorm": "C1", "LayerNorm": "C2", "LayerNorm, node": "C2", "LayerNorm, graph": "C4",
+         "GraphNorm": "C5"}  # the same colour for a norm in every figure of the chapter
+
+
+@dataclass
+class Setup:
+    """The data and the settings of every experiment of chapter 09 (see :func:`setup`). The
+    ``*_fit`` dicts are the keyword arguments of each training function, ``dqn`` and ``refit``
+    include theirs (``fit``); ``seeds`` are the graph seeds (one job each), ``vit_seeds`` the
+    ViT's and ``many`` those of every other stacked arm."""
+
+    full: bool
+    scale: int
+    seeds: range
+    vit_seeds: range
+    many: range
+    graph_train: list
+    graph_test: list
+    graph_large: list
+    images_train: tuple
+    images_test: tuple
+    pixels_train: tuple
+    pixels_test: tuple
+    steps_train: tuple
+    steps_test: tuple
+    refit_x: torch.Tensor
+    targets: dict[str, torch.Tensor]
+    graph_fit: dict = field(default_factory=dict)
+    vit_fit: dict = field(default_factory=dict)
+    dqn: dict = field(default_factory=dict)
+    refit: dict = field(default_factory=dict)
+    mlp_fit: dict = field(default_factory=dict)
+    lstm_fit: dict = field(default_factory=dict)
+
+
+def setup(full: bool = False, tiny: bool = False) -> Setup:
+    """The chapter's data and settings. ``full``: twice the epochs, environment steps and tasks,
+    and 10 graph and 10 ViT seeds instead of 5. ``tiny`` (for tests): a few graphs and images,
+    one epoch, 2 seeds and a few hundred environment steps, the same code paths."""
+    check_bool(full, "full")
+    check_bool(tiny, "tiny")
+    scale = 2 if full else 1
+    graph_train = graphs.random_graphs(16 if tiny else 320, 5, 100, seed=0)
+    graph_test = graphs.random_graphs(8 if tiny else 200, 5, 100, seed=1)
+    graph_large = graphs.random_graphs(4 if tiny else 200, 101, 200, seed=2)
+    images_train, images_test = data.digits_sequences("row")  # x: (N, 8, 8)
+    pixels_train, pixels_test = data.digits_sequences("pixel")  # x: (N, 64, 1)
+    if tiny:
+        images_train, images_test, pixels_train, pixels_test = (tuple(t[:128] for t in d) for d in
+                                                                (images_train, images_test, pixels_train, pixels_test))
+    tasks = 2 if tiny else 8 * scale
+    epochs = 1 if tiny else scale
+    s = Setup(
+        full=full, scale=scale, seeds=range(2 if tiny else 10 if full else 5),
+        vit_seeds=range(2 if tiny else 10 if full else 5), many=range(2 if tiny else 10),
+        graph_train=graph_train, graph_test=graph_test, graph_large=graph_large,
+        images_train=images_train, images_test=images_test, pixels_train=pixels_train, pixels_test=pixels_test,
+        steps_train=data.as_steps(pixels_train, 4), steps_test=data.as_steps(pixels_test, 4),  # 4 pixels a step
+        refit_x=pixels_train[0][:512].flatten(1),  # 512 digits (fewer when tiny), 64 pixels each
+        targets={"re-drawn": rl.shifted_targets(min(512, len(pixels_train[0])), tasks, 0.0, seed=0),
+                 "re-drawn, mean +1 per task": rl.shifted_targets(min(512, len(pixels_train[0])), tasks, 1.0, seed=0)},
+    )
+    s.graph_fit = dict(fit=graphs.fit_graphs, train=graph_train, test=graph_test, epochs=epochs * (1 if tiny else 6),
+                       lr=3e-3, batch_size=16)
+    s.vit_fit = dict(train=images_train, test=images_test, epochs=epochs * (1 if tiny else 8), lr=3e-3, batch_size=64,
+                     drop_last=True)
+    steps = 600 if tiny else 5000 * scale
+    s.dqn = dict(fit=rl.dqn, steps=steps, train_every=2, eval_every=steps, eval_episodes=1 if tiny else 3,
+                 learning_starts=500, lr=1e-3)
+    s.refit = dict(fit=rl.refit, x=s.refit_x, steps=5 if tiny else 150, lr=1e-3, batch_size=64)
+    s.mlp_fit = dict(train=pixels_train, test=pixels_test, epochs=epochs * (1 if tiny else 5), lr=0.1, batch_size=64,
+                     optimizer="sgd")
+    s.lstm_fit = dict(train=s.steps_train, test=s.steps_test, epochs=epochs * (1 if tiny else 3), lr=1e-2, batch_size=64,
+                      grad_clip=1.0)
+    return s
+
+
+def make_mlp(arm: str, ddi_x: torch.Tensor | None = None) -> nn.Module:
+    """Section 5's MLP (64 pixels, 3 hidden layers of 64, 10 classes) for one arm of
+    :data:`MLP_ARMS`; ``ddi_x (B, 64, 1)``, the batch the data-dependent initialization sees."""
+    if arm not in MLP_ARMS:
+        raise ValueError(f"arm must be one of {MLP_ARMS}, got {describe(arm)}")
+    if arm == "adanorm_c2":
+        return norms.set_adanorm(models.MLP(64, (64, 64, 64), 10, "adanorm"), C=2.0)
+    if arm in ("weight_ddi", "ddi"):
+        if ddi_x is None:
+            raise ValueError(f"arm {arm!r} needs ddi_x, the batch of inputs its initialization sees")
+        return models.weight_norm_init(models.MLP(64, (64, 64, 64), 10, "weight"), ddi_x, keep_weight_norm=arm == "weight_ddi")
+    return models.MLP(64, (64, 64, 64), 10, arm)
+
+
+def make_lstm(arm: str) -> nn.Module:
+    """Section 5's LSTM classifier (4 pixels a step, hidden size 64, 16 steps) for one arm of
+    :data:`LSTM_ARMS`."""
+    if arm not in LSTM_ARMS:
+        raise ValueError(f"arm must be one of {LSTM_ARMS}, got {describe(arm)}")
+    if arm == "adanorm_c2":
+        return norms.set_adanorm(rnn.SequenceClassifier(rnn.LSTMCell(4, 64, "adanorm", max_steps=16), 10), C=2.0)
+    return rnn.SequenceClassifier(rnn.LSTMCell(4, 64, arm, max_steps=16), 10)
+
+
+def _start_stacked(make, seed_list: Sequence[int], workers: Executor | None, device: torch.device | str,
+                   **job: object) -> Future:
+    """ONE job: a fresh ``make()`` per seed (each built after ``seed_everything(seed)``), stacked
+    into one model with a member per seed and trained by ``job["fit"]`` (rl.dqn, rl.refit)."""
+    members = []
+    for seed in seed_list:
+        seed_everything(seed)
+        members.append(make())
+    return train.fit_many([dict(model=seeds.stack(members).to(device), seeds=list(seed_list), **job)], workers)[0]
+
+
+def queue(s: Setup, workers: Executor | None = None, device: torch.device | str = "cpu") -> dict[str, dict]:
+    """Start every training job of the chapter on ``workers`` (here, one after the other, when
+    None), the longest first so that two workers finish together. Returns ``{section: {arm:
+    futures}}``: for "graphs", "vit", "mlp" and "lstm" a list of futures, one per seed, each
+    giving ``(trained model, history)``; for "cartpole" and "refit" one future giving ``(stacked
+    model, history of every member)``."""
+    if not isinstance(s, Setup):
+        raise TypeError(f"s must be a Setup (beyond_study.setup()), got {describe(s)}")
+    device = torch.device(device)
+
+    def stacked_classifier(make, seed_list, **job):
+        return seeds.start_runs(make, seed_list, workers, device, fit=seeds.fit, **job)
+
+    q: dict[str, dict] = {}
+    q["lstm"] = {arm: stacked_classifier(lambda a=arm: make_lstm(a), s.many, **s.lstm_fit) for arm in LSTM_ARMS}
+    q["cartpole"] = {name: _start_stacked(lambda n=norm: models.MLP(4, (64, 64), 2, n), s.many, workers, device, **s.dqn)
+                     for name, norm in CARTPOLE_NORMS.items()}
+    q["graphs"] = {name: train.start_runs(lambda n=norm: graphs.GraphNet(2, 32, 3, n), s.seeds, workers, device,
+                                          **s.graph_fit) for name, norm in GRAPH_NORMS.items()}
+    q["vit"] = {(p, name): stacked_classifier(lambda p=p, n=norm: TinyViT(patch_size=p, norm=n), s.vit_seeds, **s.vit_fit)
+                for p in PATCHES for name, norm in VIT_NORMS.items()}
+    q["refit"] = {(kind, name): _start_stacked(lambda n=norm: models.MLP(64, (128, 128), 1, n), s.many, workers, device,
+                                               targets=targets, **s.refit)
+                  for kind, targets in s.targets.items() for name, norm in REFIT_NORMS.items()}
+    ddi_x = s.pixels_train[0][:512]  # the first 512 training digits: the data-dependent initialization's batch
+    q["mlp"] = {arm: stacked_classifier(lambda a=arm: make_mlp(a, ddi_x), s.many, **s.mlp_fit) for arm in MLP_ARMS}
+    return q
+
+
+def jobs_line(queued: Mapping[str, Mapping]) -> str:
+    """``"10 for lstm, 3 for cartpole, ... = 58 jobs queued"``: a job per graph seed, one per
+    other arm (its seeds stacked)."""
+    jobs = {section: sum(len(f) if section == "graphs" else 1 for f in runs.values()) for section, runs in queued.items()}
+    return ", ".join(f"{n} for {section}" for section, n in jobs.items()) + f" = {sum(jobs.values())} jobs queued"
+
+
+def learning_rates(s: Setup) -> str:
+    """The one learning rate each experiment trains with, as a line of text."""
+    rates = {"graphs": s.graph_fit["lr"], "ViT": s.vit_fit["lr"], "DQN": s.dqn["lr"], "refitting": s.refit["lr"],
+             "MLP (SGD)": s.mlp_fit["lr"], "LSTM (Adam)": s.lstm_fit["lr"]}
+    return "learning rates: " + ", ".join(f"{name} {lr:g}" for name, lr in rates.items())
+
+
+def updates(histories: Sequence[object]) -> int:
+    """The budget of a set of runs in optimizer updates: the length of their ``step_loss``
+    (every run of the set must have made as many)."""
+    if not histories or not all(hasattr(h, "step_loss") for h in histories):
+        raise TypeError(f"histories must be a non-empty sequence of histories with a step_loss, got {describe(histories)}")
+    counts = {len(h.step_loss) for h in histories}
+    if len(counts) != 1:
+        raise ValueError(f"histories must all have made the same number of updates, got {sorted(counts)}")
+    return counts.pop()
+
+
+def dqn_updates(steps: int, learning_starts: int, train_every: int, **_: object) -> int:
+    """The optimizer updates each :func:`lnbook.rl.dqn` agent makes: one every ``train_every``
+    environment steps from step ``learning_starts`` on (the count its loop makes)."""
+    for name, value in (("steps", steps), ("learning_starts", learning_starts), ("train_every", train_every)):
+        check_positive_int(value, name)
+    return sum(1 for t in range(steps) if t + 1 >= learning_starts and (t + 1) % train_every == 0)
+
+
+def budgets(s: Setup) -> dict[str, int]:
+    """Each experiment's budget in optimizer updates per run, from its settings: epochs times
+    batches per epoch (the last, smaller batch kept unless ``drop_last``); DQN's updates per
+    agent; the plasticity test's updates per task. The chapter checks each against the runs."""
+    if not isinstance(s, Setup):
+        raise TypeError(f"s must be a Setup (beyond_study.setup()), got {describe(s)}")
+
+    def per_epoch(fit: dict, n: int) -> int:
+        return n // fit["batch_size"] if fit.get("drop_last") else -(-n // fit["batch_size"])
+
+    return {"graphs": s.graph_fit["epochs"] * per_epoch(s.graph_fit, len(s.graph_train)),
+            "ViT": s.vit_fit["epochs"] * per_epoch(s.vit_fit, len(s.images_train[0])),
+            "DQN (per agent)": dqn_updates(**s.dqn),
+            "plasticity (per task)": s.refit["steps"],
+            "MLP": s.mlp_fit["epochs"] * per_epoch(s.mlp_fit, len(s.pixels_train[0])),
+            "LSTM": s.lstm_fit["epochs"] * per_epoch(s.lstm_fit, len(s.steps_train[0]))}
+
+
+def mean(values: Sequence[float], digits: int = 3) -> str:
+    """The mean of per-seed ``values`` as text with ``digits`` decimals."""
+    v = np.asarray(values, dtype=float)
+    if v.ndim != 1 or len(v) == 0:
+        raise ValueError(f"values must be a non-empty 1-D sequence of numbers, got {describe(values)}")
+    return f"{v.mean():.{digits}f}"
+
+
+def reached(histories: Sequence[train.History], level: float = 1.0) -> str:
+    """Updates until the 10-update mean of the training loss falls below ``level``, as ``mean
+    [95% CI]`` over the runs; ``"not by N in k seeds"`` when k runs never got there in their N."""
+    steps = [train.updates_to(h, level) for h in histories]
+    if None in steps:
+        return f"not by {updates(histories)} in {steps.count(None)} seeds"
+    return ci(steps, digits=0)
+
+
+def vit_compare(acc: Mapping[tuple[int, str], Sequence[float]]) -> Comparisons:
+    """One family: at each patch size, LayerNorm against no norm and BatchNorm against both,
+    paired by seed. ``acc[(patch, norm name)]``: per-seed accuracies."""
+    arms = {f"{name}, {p}×{p}": acc[p, name] for p in PATCHES for name in VIT_NORMS}
+    pairs = [(f"{a}, {p}×{p}", f"{b}, {p}×{p}") for p in PATCHES
+             for a, b in (("LayerNorm", "no norm"), ("BatchNorm", "LayerNorm"), ("BatchNorm", "no norm"))]
+    return compare(arms, pairs=pairs)
+
+
+def batch_mate_effect(model: nn.Module, x: torch.Tensor, images: int = 40, draws: int = 10,
+                      mates: int = 7) -> tuple[float, int]:
+    """Each of the first ``images`` of ``x (N, H, W)`` classified in ``draws`` batches with
+    ``mates`` other random images of ``x``, in training mode (on a copy: no running statistic
+    moves): the largest change of a logit across the draws, and how many images get more
+    than one predicted class."""
+    for name, value in (("images", images), ("draws", draws), ("mates", mates)):
+        check_positive_int(value, name)
+    if not isinstance(x, torch.Tensor) or x.ndim != 3 or len(x) <= max(images, mates):
+        raise ValueError(f"x must be images (N, H, W) with N > images and N > mates, got {describe(x)}")
+    model = copy.deepcopy(model).train()
+    g = torch.Generator().manual_seed(0)
+    largest, changed = 0.0, 0
+    with torch.no_grad():
+        for i in range(images):
+            others = [j for j in torch.randperm(len(x), generator=g).tolist() if j != i]
+            logits = torch.stack([model(x[[i, *others[k * mates : (k + 1) * mates]]])[0] for k in range(draws)])
+            largest = max(largest, (logits.max(0).values - logits.min(0).values).max().item())
+            changed += len(logits.argmax(1).unique()) > 1
+    return largest, changed
+
+
+def vit_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int | None = None) -> float:
+    """Accuracy on ``(x (N, H, W), y (N,))`` with running statistics (``batch_size`` None: eval
+    mode, as the model is served), or normalizing with the statistics of each batch of
+    ``batch_size`` images, as in training (on a copy)."""
+    if batch_size is not None:
+        check_positive_int(batch_size, "batch_size")
+    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor) or len(x) != len(y) or len(x) == 0:
+        raise ValueError(f"x and y must be tensors of one non-zero length, got {describe(x)} and {describe(y)}")
+    model = copy.deepcopy(model).train(batch_size is not None)
+    size = batch_size or len(x)
+    with torch.no_grad():
+        logits = torch.cat([model(x[i : i + size]) for i in range(0, len(x), size)])
+    return (logits.argmax(1) == y).float().mean().item()
+
+
+def said(result: Comparisons, a: str, b: str, name_a: str, name_b: str) -> str:
+    """The verdict of the comparison of ``a`` with ``b`` in ``result``, with the names
+    shortened: ``"BN beats LN (BN − LN +0.034 [+0.022, +0.046])"`` or ``"no difference measured
+    (...)"``."""
+    c = result[a, b]
+    names: dict[Hashable, str] = {a: name_a, b: name_b}
+    won = "no difference measured" if c.winner is None else f"{names[c.winner]} beats {names[c.loser]}"
+    return f"{won} ({names[c.a]} − {names[c.b]} {c.interval})"
+
+
+def dots_and_intervals(ax, groups: Mapping[str, Sequence[float]], xlabel: str, colors: Mapping[str, str] | None = None,
+                       reference: float | None = None) -> None:
+    """One row per group on ``ax``: each seed's value as a dot, the mean as a bar with its 95%
+    t-interval (:func:`lnbook.utils.interval`), the first group on top; ``reference`` draws a
+    dashed vertical line (a baseline)."""
+    from .utils import interval
+
+    if not isinstance(groups, Mapping) or not groups:
+        raise ValueError(f"groups must map names to per-seed values, got {describe(groups)}")
+    names = list(groups)
+    for row, name in enumerate(names):
+        v = np.asarray(groups[name], dtype=float)
+        if v.ndim != 1 or len(v) < 2:
+            raise ValueError(f"groups[{name!r}] must hold at least 2 per-seed values, got {describe(groups[name])}")
+        y = len(names) - 1 - row
+        color = (colors or {}).get(name, "C0")
+        ax.plot(v, np.full(len(v), y) + np.linspace(-0.15, 0.15, len(v)), "o", ms=3, alpha=0.5, color=color)
+        m, lo, hi = interval(v)
+        ax.errorbar([m], [y], xerr=[[m - lo], [hi - m]], fmt="s", ms=5, color=color, capsize=3, lw=1.5)
+    if reference is not None:
+        ax.axvline(reference, color="0.5", ls="--", lw=1)
+    ax.set_yticks(range(len(names)), names[::-1])
+    ax.set(xlabel=xlabel)

@@ -1,0 +1,139 @@
+"""Chapter 09's experiment helpers: the settings, the queue at a tiny size, the budgets and the
+readers the chapter prints with."""
+
+import numpy as np
+import pytest
+import torch
+
+from lnbook import beyond_study as bs
+from lnbook.compare import compare
+from lnbook.train import History
+from lnbook.transformer import TinyViT
+
+
+def test_setup_sizes_follow_full():
+    s, f = bs.setup(), bs.setup(full=True)
+    assert (len(s.seeds), len(s.vit_seeds), len(s.many)) == (5, 5, 10)
+    assert (len(f.seeds), len(f.vit_seeds), len(f.many)) == (10, 10, 10)
+    assert f.mlp_fit["epochs"] == 2 * s.mlp_fit["epochs"] == 10
+    assert f.dqn["steps"] == 2 * s.dqn["steps"] == 10_000
+    assert f.targets["re-drawn"].shape == (16, 512) and s.targets["re-drawn"].shape == (8, 512)
+    # the budgets the chapter states: 1,437 training digits in batches of 64
+    assert len(s.pixels_train[0]) == 1437
+    assert bs.dqn_updates(**s.dqn) == 2251  # steps 500, 502, ..., 5000
+    assert bs.budgets(s) == {"graphs": 120, "ViT": 176, "DQN (per agent)": 2251, "plasticity (per task)": 150,
+                             "MLP": 115, "LSTM": 69}
+    assert bs.budgets(f)["ViT"] == 352
+    with pytest.raises(TypeError, match="full"):
+        bs.setup(full=1)
+
+
+def test_queue_runs_every_section_at_a_tiny_size():
+    s = bs.setup(tiny=True)
+    q = bs.queue(s)
+    assert set(q) == {"lstm", "cartpole", "graphs", "vit", "refit", "mlp"}
+    assert bs.jobs_line(q).endswith(f"= {11 + 3 + 5 * 2 + 6 + 4 + 13} jobs queued")
+    model, history = q["mlp"]["layer"][1].result()
+    assert bs.updates([history]) == -(-len(s.pixels_train[0]) // 64)  # one epoch, the last batch kept
+    _, vit = q["vit"][2, "BatchNorm"][0].result()
+    assert bs.updates([vit]) == len(s.images_train[0]) // 64 == bs.budgets(s)["ViT"]  # drop_last
+    assert bs.updates([history]) == bs.budgets(s)["MLP"]
+    _, dqn = q["cartpole"]["LayerNorm"].result()
+    assert dqn.greedy.shape == (2, 1)
+    _, refit = q["refit"]["re-drawn", "no norm"].result()
+    assert refit.fit.shape == (2, 2)
+    assert "DQN 0.001" in bs.learning_rates(s)
+    with pytest.raises(TypeError, match="Setup"):
+        bs.queue({"graph_fit": {}})
+
+
+def test_dqn_updates_counts_the_loop():
+    assert bs.dqn_updates(steps=10, learning_starts=5, train_every=2) == 3  # steps 6, 8, 10
+    assert bs.dqn_updates(steps=10, learning_starts=1, train_every=1) == 10
+    with pytest.raises(ValueError, match="train_every"):
+        bs.dqn_updates(steps=10, learning_starts=1, train_every=0)
+
+
+def test_updates_and_reached():
+    fast = History(step_loss=[2.0] * 5 + [0.5] * 20)
+    slow = History(step_loss=[2.0] * 25)
+    assert bs.updates([fast, fast]) == 25
+    assert bs.reached([fast, fast]) == "12 [12, 12]"
+    assert bs.reached([fast, slow]) == "not by 25 in 1 seeds"
+    with pytest.raises(ValueError, match="same number"):
+        bs.updates([fast, History(step_loss=[1.0])])
+    with pytest.raises(TypeError, match="histories"):
+        bs.updates([])
+
+
+def test_mean_and_said():
+    assert bs.mean([0.1, 0.2, 0.3]) == "0.200"
+    assert bs.mean([1, 2], digits=1) == "1.5"
+    with pytest.raises(ValueError, match="values"):
+        bs.mean([])
+    rng = np.random.default_rng(0)
+    base = rng.normal(0, 1, 8)
+    result = compare({"A": base + 1.0, "B": base + rng.normal(0, 0.01, 8), "C": base + rng.normal(0, 1, 8)},
+                     pairs=[("A", "B"), ("C", "B")])
+    assert bs.said(result, "A", "B", "a", "b").startswith("a beats b (a − b +1.0")
+    assert bs.said(result, "C", "B", "c", "b").startswith("no difference measured (c − b ")
+
+
+def test_vit_helpers_tell_layernorm_from_batchnorm():
+    torch.manual_seed(0)
+    x, y = torch.randn(24, 8, 8), torch.randint(10, (24,))
+    ln, bn = TinyViT(norm="layernorm"), TinyViT(norm="batchnorm")
+    assert bs.batch_mate_effect(ln, x, images=4, draws=3, mates=3) == (0.0, 0)
+    largest, _ = bs.batch_mate_effect(bn, x, images=4, draws=3, mates=3)
+    assert largest > 1e-3
+    # LayerNorm computes the same served alone, in eval mode or in any batch; BatchNorm does not
+    assert bs.vit_accuracy(ln, x, y) == bs.vit_accuracy(ln, x, y, batch_size=2)
+    bn.train()
+    before = [b.clone() for b in bn.buffers()]
+    bs.vit_accuracy(bn, x, y, batch_size=2)
+    assert bn.training and all(torch.equal(a, b) for a, b in zip(before, bn.buffers()))  # on a copy
+    with pytest.raises(ValueError, match="x and y"):
+        bs.vit_accuracy(ln, x, y[:3])
+    with pytest.raises(ValueError, match="x must be"):
+        bs.batch_mate_effect(ln, x[:3], images=4)
+
+
+def test_vit_compare_is_one_family():
+    rng = np.random.default_rng(1)
+    acc = {(p, n): rng.uniform(0.8, 0.9, 5) for p in bs.PATCHES for n in bs.VIT_NORMS}
+    result = bs.vit_compare(acc)
+    assert len(result) == 6 and all(c.family == 6 for c in result)
+
+
+def test_dots_and_intervals_draws_a_row_per_group():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    bs.dots_and_intervals(ax, {"a": [1.0, 2.0, 3.0], "b": [2.0, 2.5]}, "x", reference=1.5)
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["b", "a"]
+    assert len(ax.lines) >= 3  # the dots of both rows and the reference line
+    with pytest.raises(ValueError, match="groups"):
+        bs.dots_and_intervals(ax, {"a": [1.0]}, "x")
+    plt.close(fig)
+
+
+def test_section_5_arms():
+    x = torch.randn(32, 64, 1)
+    made = {}
+    for arm in ("none", "ddi", "weight_ddi"):
+        torch.manual_seed(0)  # the same initial weights before the initialization
+        made[arm] = bs.make_mlp(arm, x)
+    plain, ddi, both = made["none"], made["ddi"], made["weight_ddi"]
+    with torch.no_grad():
+        first = both.net[1](x.flatten(1))  # net[0] flattens
+    assert first.mean(0).abs().max() < 1e-4  # standardized on the batch it saw
+    assert torch.allclose(ddi(x), both(x), atol=1e-5)  # the same function at step 0, with and without the weight norm
+    assert not torch.allclose(plain(x), both(x))
+    assert bs.make_lstm("adanorm_c2") is not None and set(bs.LSTM_ARMS) < set(bs.MLP_ARMS)
+    with pytest.raises(ValueError, match="ddi_x"):
+        bs.make_mlp("ddi")
+    with pytest.raises(ValueError, match="arm"):
+        bs.make_lstm("weight_ddi")
