@@ -246,7 +246,7 @@ def _stored_csv(name: str) -> tuple[list[str], list[dict[str, str]]]:
     return [line[2:] for line in lines if line.startswith("# ")], list(csv.DictReader(l for l in lines if not l.startswith("#")))
 
 
-def _per_seed(rows: list[dict[str, str]], key: Callable[[dict[str, str]], Hashable], what: str
+def per_seed(rows: list[dict[str, str]], key: Callable[[dict[str, str]], Hashable], what: str
               ) -> tuple[list[int], dict[Hashable, dict[int, dict[str, str]]]]:
     """A stored file's rows grouped by ``key(row)``, then by seed: (the seeds, ascending; the
     groups). Every group must hold the same seeds."""
@@ -264,8 +264,8 @@ def stored_sigmoid_run() -> StoredRun:
     and BatchNorm at the rates it names), read from the files ``benchmarks/sigmoid_full.py``
     wrote into ``lnbook/results/``: installed with the package, so no repository is needed."""
     provenance, curve_rows = _stored_csv("sigmoid_full-curves.csv")
-    seeds, curves = _per_seed(curve_rows, lambda r: (r["arm"], float(r["lr"]), int(r["update"])), "sigmoid run")
-    test_seeds, tests = _per_seed(_stored_csv("sigmoid_full-test.csv")[1], lambda r: (r["arm"], float(r["lr"])), "sigmoid run")
+    seeds, curves = per_seed(curve_rows, lambda r: (r["arm"], float(r["lr"]), int(r["update"])), "sigmoid run")
+    test_seeds, tests = per_seed(_stored_csv("sigmoid_full-test.csv")[1], lambda r: (r["arm"], float(r["lr"])), "sigmoid run")
     if test_seeds != seeds or {k[:2] for k in curves} != set(tests):
         raise ValueError("the stored sigmoid run's files disagree on its arms, rates or seeds")
     val: dict[tuple[str, float], dict[int, np.ndarray]] = {}
@@ -304,7 +304,7 @@ def stored_depth_sweep() -> DepthSweep:
     """The depth sweep that chapter 01 cannot afford to train, read from the file
     ``benchmarks/depth_sweep.py`` wrote into ``lnbook/results/`` (installed with the package)."""
     provenance, rows = _stored_csv("depth_sweep.csv")
-    seeds, by_seed = _per_seed(rows, lambda r: (int(r["depth"]), r["arm"], float(r["lr"])), "depth sweep")
+    seeds, by_seed = per_seed(rows, lambda r: (int(r["depth"]), r["arm"], float(r["lr"])), "depth sweep")
 
     def column(key: str, convert: Callable[[str], object]) -> dict:
         return {k: [convert(v[s][key]) for s in seeds] for k, v in by_seed.items()}

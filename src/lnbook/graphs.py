@@ -425,12 +425,12 @@ def stored_graph_race(folder: str | Path | None = None) -> GraphRace:
     ``benchmarks/graph_race.py`` wrote into ``lnbook/results/`` (installed with the package;
     ``folder``: another folder the script wrote into), checked for completeness: every norm at
     every rate holds every seed and epoch."""
-    from .batchnorm_study import _per_seed
+    from .batchnorm_study import per_seed
 
     if folder is not None and not isinstance(folder, (str, Path)):
         raise TypeError(f"folder must be a path or None, got {describe(folder)}")
     provenance, final_rows = _read_csv(folder, "graph_race-final.csv")
-    seeds, final = _per_seed(final_rows, lambda r: (r["norm"], float(r["lr"])), "graph race")
+    seeds, final = per_seed(final_rows, lambda r: (r["norm"], float(r["lr"])), "graph race")
     _, curve_rows = _read_csv(folder, "graph_race-curves.csv")
     curves: dict[tuple[str, float], dict[int, list[tuple[int, float, float]]]] = {}
     for r in curve_rows:

@@ -334,7 +334,8 @@ def unstack(model: nn.Module, models: Sequence[nn.Module]) -> list[nn.Module]:
     return list(models)
 
 
-def _member_lrs(lr: float | Sequence[float], s: int) -> list[float]:
+def member_lrs(lr: float | Sequence[float], s: int) -> list[float]:
+    """One learning rate per member of an ``s``-member stack: ``lr`` repeated, or checked."""
     lrs = [lr] * s if isinstance(lr, (int, float)) and not isinstance(lr, bool) else list(lr)
     if len(lrs) != s:
         raise ValueError(f"lr must be one number or one per member ({s}), got {describe(lr)}")
@@ -343,20 +344,22 @@ def _member_lrs(lr: float | Sequence[float], s: int) -> list[float]:
     return lrs
 
 
-def _check_seeds(seeds: Sequence[int], s: int) -> list[int]:
+def check_seeds(seeds: Sequence[int], s: int) -> list[int]:
+    """``seeds`` checked to hold one integer per member of an ``s``-member stack."""
     if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence) or len(seeds) != s:
         raise ValueError(f"seeds must have one entry per member ({s}), got {describe(seeds)}")
     return [check_int(seed, "seeds[i]") for seed in seeds]
 
 
-def _stacked(model: nn.Module) -> int:
+def stack_size(model: nn.Module) -> int:
+    """The number of members of a model made by :func:`stack`; TypeError for a plain model."""
     s = members(model)
     if s is None:
         raise TypeError(f"model must be made by lnbook.seeds.stack, got a plain {type(model).__name__}")
     return s
 
 
-class _Optimizer:
+class StackedOptimizer:
     """Adam, RAdam or SGD with momentum 0.9 (:func:`lnbook.train.make_optimizer`) over a
     stacked model, each member at its own learning rate ``lrs[s]``. Each update is the learning
     rate times a direction that does not depend on it, so the step is taken at ``max(lrs)`` and
@@ -399,7 +402,7 @@ def _inputs(data: Dataset, idx: torch.Tensor, device: torch.device) -> list[torc
 def accuracy(model: nn.Module, data: Dataset, batch_size: int = 512) -> np.ndarray:
     """Each member's fraction of ``data = (inputs..., labels)`` classified right in eval mode,
     ``(S,)``; every member sees the same data (``lnbook.train.accuracy`` for a stacked model)."""
-    s = _stacked(model)
+    s = stack_size(model)
     correct = 0
     was_training = model.training
     model.eval()
@@ -444,7 +447,7 @@ def fit(
     ``batch_size`` and ``drop_last`` then do not order anything; ``steps_per_epoch`` counts
     the first epoch's batches). ``eval_every``: the test accuracy after every
     ``eval_every`` updates and after the last, in place of after every epoch."""
-    s = _stacked(model)
+    s = stack_size(model)
     train, test = check_dataset(train, "train"), check_dataset(test, "test")
     check_positive_int(epochs, "epochs")
     check_positive_int(batch_size, "batch_size")
@@ -455,8 +458,8 @@ def fit(
         check_positive_int(eval_every, "eval_every")
     if order is not None and not callable(order):
         raise TypeError(f"order must be a function returning an epoch's mini-batches, got {describe(order)}")
-    step = _Optimizer(model, _member_lrs(lr, s), optimizer, grad_clip)
-    generators = [torch.Generator().manual_seed(seed) for seed in _check_seeds(seeds, s)]
+    step = StackedOptimizer(model, member_lrs(lr, s), optimizer, grad_clip)
+    generators = [torch.Generator().manual_seed(seed) for seed in check_seeds(seeds, s)]
     device = step.params[0].device
     n = len(train[-1])
     per_epoch = n // batch_size if drop_last else -(-n // batch_size)
@@ -525,7 +528,7 @@ def _fit_steps(
     member: Adam (or ``optimizer``) on ``model.loss(*batch(generators))`` (or ``objective``'s ``(loss to minimize,
     loss to report)``, each ``(S,)``) with a linear warm-up, ``validate()`` every ``eval_every``
     steps, and a member's stop on its first non-finite loss."""
-    s = _stacked(model)
+    s = stack_size(model)
     for name, value in (("steps", steps), ("eval_every", eval_every)):
         check_positive_int(value, name)
     if callable(warmup):  # a schedule: step (from 1) -> factor of every learning rate
@@ -534,8 +537,8 @@ def _fit_steps(
         check_int(warmup, "warmup")
         factor = lambda t: min(1.0, t / warmup) if warmup else 1.0  # noqa: E731
     check_choice(optimizer, OPTIMIZERS, "optimizer")
-    step = _Optimizer(model, _member_lrs(lr, s), optimizer, grad_clip, beta2)
-    generators = [torch.Generator().manual_seed(seed) for seed in _check_seeds(seeds, s)]
+    step = StackedOptimizer(model, member_lrs(lr, s), optimizer, grad_clip, beta2)
+    generators = [torch.Generator().manual_seed(seed) for seed in check_seeds(seeds, s)]
     device = step.params[0].device
     histories = [LMHistory() for _ in range(s)]
     active = torch.ones(s, dtype=torch.bool, device=device)
@@ -592,7 +595,7 @@ def fit_lm(
     linear warm-up or a schedule, a picklable function of the step (from 1) that returns the factor
     of every learning rate (:func:`lnbook.train.radam_factor` or :func:`lnbook.train.warmup_cosine`, say). One
     :class:`~lnbook.train.LMHistory` per member."""
-    _stacked(model)
+    stack_size(model)
     check_streams(train_ids, val_ids, block_size)
     check_positive_int(batch_size, "batch_size")
     high = len(train_ids) - block_size
@@ -636,7 +639,7 @@ def fit_mlm(
 ) -> list[LMHistory]:
     """:func:`lnbook.train.fit_mlm` for every member of a stacked encoder, each with its own
     batches (``seeds[s]``) and learning rate, as :func:`fit_lm`."""
-    _stacked(model)
+    stack_size(model)
     check_streams(train_ids, val_ids, block_size)
     check_positive_int(batch_size, "batch_size")
     check_mask_id(mask_id, train_ids, val_ids)

@@ -561,10 +561,10 @@ def fit_vit(
     marked ``diverged``. The validation accuracy (eval mode) after every ``eval_every``
     updates and after the last. One :class:`ViTHistory` per member.
     """
-    from .seeds import _check_seeds, _member_lrs, _Optimizer, _stacked, accuracy
+    from .seeds import check_seeds, member_lrs, StackedOptimizer, stack_size, accuracy
     from .train import warmup_cosine
 
-    s = _stacked(model)
+    s = stack_size(model)
     for value, name in ((steps, "steps"), (batch_size, "batch_size"), (eval_every, "eval_every")):
         check_positive_int(value, name)
     if not isinstance(warmup, int) or isinstance(warmup, bool) or not 0 <= warmup < steps:
@@ -577,8 +577,8 @@ def fit_vit(
     n = len(train[1])
     if n < batch_size:
         raise ValueError(f"batch_size ({batch_size}) must not exceed the training examples ({n})")
-    step = _Optimizer(model, _member_lrs(lr, s), "adam", None)
-    generators = [torch.Generator().manual_seed(seed) for seed in _check_seeds(seeds, s)]
+    step = StackedOptimizer(model, member_lrs(lr, s), "adam", None)
+    generators = [torch.Generator().manual_seed(seed) for seed in check_seeds(seeds, s)]
     device = step.params[0].device
     per_pass = n // batch_size
     histories = [ViTHistory([], [], []) for _ in range(s)]
