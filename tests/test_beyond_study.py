@@ -16,12 +16,11 @@ def test_setup_sizes_follow_full():
     assert (len(s.seeds), len(s.vit_seeds), len(s.many)) == (5, 5, 10)
     assert (len(f.seeds), len(f.vit_seeds), len(f.many)) == (10, 10, 10)
     assert f.mlp_fit["epochs"] == 2 * s.mlp_fit["epochs"] == 10
-    assert f.dqn["steps"] == 2 * s.dqn["steps"] == 10_000
     assert f.targets["re-drawn"].shape == (16, 512) and s.targets["re-drawn"].shape == (8, 512)
     # the budgets the chapter states: 1,437 training digits in batches of 64
     assert len(s.pixels_train[0]) == 1437
-    assert bs.dqn_updates(**s.dqn) == 2251  # steps 500, 502, ..., 5000
-    assert bs.budgets(s) == {"graphs": 120, "ViT": 176, "DQN (per agent)": 2251, "plasticity (per task)": 150,
+    assert bs.dqn_updates(steps=5000, learning_starts=500, train_every=2) == 2251  # steps 500, 502, ..., 5000
+    assert bs.budgets(s) == {"graphs": 120, "ViT": 176, "plasticity (per task)": 150,
                              "MLP": 115, "LSTM": 69}
     assert bs.budgets(f)["ViT"] == 352
     with pytest.raises(TypeError, match="full"):
@@ -31,18 +30,16 @@ def test_setup_sizes_follow_full():
 def test_queue_runs_every_section_at_a_tiny_size():
     s = bs.setup(tiny=True)
     q = bs.queue(s)
-    assert set(q) == {"lstm", "cartpole", "graphs", "vit", "refit", "mlp"}
-    assert bs.jobs_line(q).endswith(f"= {11 + 3 + 5 * 2 + 6 + 4 + 13} jobs queued")
+    assert set(q) == {"lstm", "graphs", "vit", "refit", "mlp"}
+    assert bs.jobs_line(q).endswith(f"= {11 + 5 * 2 + 6 + 4 + 13} jobs queued")
     model, history = q["mlp"]["layer"][1].result()
     assert bs.updates([history]) == -(-len(s.pixels_train[0]) // 64)  # one epoch, the last batch kept
     _, vit = q["vit"][2, "BatchNorm"][0].result()
     assert bs.updates([vit]) == len(s.images_train[0]) // 64 == bs.budgets(s)["ViT"]  # drop_last
     assert bs.updates([history]) == bs.budgets(s)["MLP"]
-    _, dqn = q["cartpole"]["LayerNorm"].result()
-    assert dqn.greedy.shape == (2, 1)
     _, refit = q["refit"]["re-drawn", "no norm"].result()
     assert refit.fit.shape == (2, 2)
-    assert "DQN 0.001" in bs.learning_rates(s)
+    assert "refitting 0.001" in bs.learning_rates(s)
     with pytest.raises(TypeError, match="Setup"):
         bs.queue({"graph_fit": {}})
 

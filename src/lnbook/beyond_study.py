@@ -6,10 +6,10 @@ epochs, environment steps and tasks, and 10 graph and 10 ViT seeds); :func:`queu
 job on the chapter's workers (:func:`lnbook.train.cpu_workers`) and returns the futures by
 section, so that each section of the chapter waits only for its own runs. Every arm except the
 graph networks trains its seeds as one stacked model (:mod:`lnbook.seeds`). A stacked member is
-the model a single run with its seed would train for the classifiers and the refitted MLPs; the
-DQN agents are not: each has its own environment and exploration, but :func:`lnbook.rl.dqn`
-draws every agent's replay indices from one generator, so an agent's batches depend on how many
-agents share the stack.
+the model a single run with its seed would train for the classifiers and the refitted MLPs. (The
+chapter's DQN and streaming agents are stored runs of ``benchmarks/dqn_rl.py`` and
+``benchmarks/stream_rl.py``, read by :func:`lnbook.rl.stored_dqn_run` and
+:func:`lnbook.rl.stored_stream_run`.)
 
 The rest reads the results: :func:`updates` (the budget of a run, in optimizer updates),
 :func:`reached`, :func:`mean`, :func:`vit_compare`, :func:`batch_mate_effect`,
@@ -37,7 +37,6 @@ GRAPH_NORMS = {"no norm": "none", "BatchNorm": "batch", "LayerNorm, node": "laye
                "LayerNorm, graph": "layer_graph", "GraphNorm": "graph"}
 VIT_NORMS = {"no norm": "none", "LayerNorm": "layernorm", "BatchNorm": "batchnorm"}
 PATCHES = (2, 4)
-CARTPOLE_NORMS = {"no norm": "none", "LayerNorm": "layer", "BatchNorm": "batch"}
 REFIT_NORMS = {"no norm": "none", "LayerNorm": "layer"}
 NORMS = {"none": "no norm", "batch": "BatchNorm", "layer": "LayerNorm", "layer_simple": "LayerNorm, no gain or bias",
          "group4": "GroupNorm (4 groups)", "weight": "weight normalization", "rms": "RMSNorm", "dyt": "DyT",
@@ -56,8 +55,8 @@ COLOR = {"no norm": "C0", "BatchNorm": "C1", "LayerNorm": "C2", "LayerNorm, node
 @dataclass
 class Setup:
     """The data and the settings of every experiment of chapter 09 (see :func:`setup`). The
-    ``*_fit`` dicts are the keyword arguments of each training function, ``dqn`` and ``refit``
-    include theirs (``fit``); ``seeds`` are the graph seeds (one job each), ``vit_seeds`` the
+    ``*_fit`` dicts are the keyword arguments of each training function, ``refit``
+    includes its ``fit``; ``seeds`` are the graph seeds (one job each), ``vit_seeds`` the
     ViT's and ``many`` those of every other stacked arm."""
 
     full: bool
@@ -78,7 +77,6 @@ class Setup:
     targets: dict[str, torch.Tensor]
     graph_fit: dict = field(default_factory=dict)
     vit_fit: dict = field(default_factory=dict)
-    dqn: dict = field(default_factory=dict)
     refit: dict = field(default_factory=dict)
     mlp_fit: dict = field(default_factory=dict)
     lstm_fit: dict = field(default_factory=dict)
@@ -115,9 +113,6 @@ def setup(full: bool = False, tiny: bool = False) -> Setup:
                        lr=3e-3, batch_size=16)
     s.vit_fit = dict(train=images_train, test=images_test, epochs=epochs * (1 if tiny else 8), lr=3e-3, batch_size=64,
                      drop_last=True)
-    steps = 600 if tiny else 5000 * scale
-    s.dqn = dict(fit=rl.dqn, steps=steps, train_every=2, eval_every=steps, eval_episodes=1 if tiny else 3,
-                 learning_starts=500, lr=1e-3)
     s.refit = dict(fit=rl.refit, x=s.refit_x, steps=5 if tiny else 150, lr=1e-3, batch_size=64)
     s.mlp_fit = dict(train=pixels_train, test=pixels_test, epochs=epochs * (1 if tiny else 5), lr=0.1, batch_size=64,
                      optimizer="sgd")
@@ -153,7 +148,7 @@ def make_lstm(arm: str) -> nn.Module:
 def _start_stacked(make, seed_list: Sequence[int], workers: Executor | None, device: torch.device | str,
                    **job: object) -> Future:
     """ONE job: a fresh ``make()`` per seed (each built after ``seed_everything(seed)``), stacked
-    into one model with a member per seed and trained by ``job["fit"]`` (rl.dqn, rl.refit)."""
+    into one model with a member per seed and trained by ``job["fit"]`` (rl.refit)."""
     members = []
     for seed in seed_list:
         seed_everything(seed)
@@ -165,7 +160,7 @@ def queue(s: Setup, workers: Executor | None = None, device: torch.device | str 
     """Start every training job of the chapter on ``workers`` (here, one after the other, when
     None), the longest first so that two workers finish together. Returns ``{section: {arm:
     futures}}``: for "graphs", "vit", "mlp" and "lstm" a list of futures, one per seed, each
-    giving ``(trained model, history)``; for "cartpole" and "refit" one future giving ``(stacked
+    giving ``(trained model, history)``; for "refit" one future giving ``(stacked
     model, history of every member)``."""
     if not isinstance(s, Setup):
         raise TypeError(f"s must be a Setup (beyond_study.setup()), got {describe(s)}")
@@ -176,8 +171,6 @@ def queue(s: Setup, workers: Executor | None = None, device: torch.device | str 
 
     q: dict[str, dict] = {}
     q["lstm"] = {arm: stacked_classifier(lambda a=arm: make_lstm(a), s.many, **s.lstm_fit) for arm in LSTM_ARMS}
-    q["cartpole"] = {name: _start_stacked(lambda n=norm: models.MLP(4, (64, 64), 2, n), s.many, workers, device, **s.dqn)
-                     for name, norm in CARTPOLE_NORMS.items()}
     q["graphs"] = {name: train.start_runs(lambda n=norm: graphs.GraphNet(2, 32, 3, n), s.seeds, workers, device,
                                           **s.graph_fit) for name, norm in GRAPH_NORMS.items()}
     q["vit"] = {(p, name): stacked_classifier(lambda p=p, n=norm: TinyViT(patch_size=p, norm=n), s.vit_seeds, **s.vit_fit)
@@ -191,7 +184,7 @@ def queue(s: Setup, workers: Executor | None = None, device: torch.device | str 
 
 
 def jobs_line(queued: Mapping[str, Mapping]) -> str:
-    """``"10 for lstm, 3 for cartpole, ... = 58 jobs queued"``: a job per graph seed, one per
+    """``"11 for lstm, 25 for graphs, ... = 44 jobs queued"``: a job per graph seed, one per
     other arm (its seeds stacked)."""
     jobs = {section: sum(len(f) if section == "graphs" else 1 for f in runs.values()) for section, runs in queued.items()}
     return ", ".join(f"{n} for {section}" for section, n in jobs.items()) + f" = {sum(jobs.values())} jobs queued"
@@ -199,7 +192,7 @@ def jobs_line(queued: Mapping[str, Mapping]) -> str:
 
 def learning_rates(s: Setup) -> str:
     """The one learning rate each experiment trains with, as a line of text."""
-    rates = {"graphs": s.graph_fit["lr"], "ViT": s.vit_fit["lr"], "DQN": s.dqn["lr"], "refitting": s.refit["lr"],
+    rates = {"graphs": s.graph_fit["lr"], "ViT": s.vit_fit["lr"], "refitting": s.refit["lr"],
              "MLP (SGD)": s.mlp_fit["lr"], "LSTM (Adam)": s.lstm_fit["lr"]}
     return "learning rates: " + ", ".join(f"{name} {lr:g}" for name, lr in rates.items())
 
@@ -225,8 +218,8 @@ def dqn_updates(steps: int, learning_starts: int, train_every: int, **_: object)
 
 def budgets(s: Setup) -> dict[str, int]:
     """Each experiment's budget in optimizer updates per run, from its settings: epochs times
-    batches per epoch (the last, smaller batch kept unless ``drop_last``); DQN's updates per
-    agent; the plasticity test's updates per task. The chapter checks each against the runs."""
+    batches per epoch (the last, smaller batch kept unless ``drop_last``); the plasticity test's
+    updates per task. The chapter checks each against the runs."""
     if not isinstance(s, Setup):
         raise TypeError(f"s must be a Setup (beyond_study.setup()), got {describe(s)}")
 
@@ -235,7 +228,6 @@ def budgets(s: Setup) -> dict[str, int]:
 
     return {"graphs": s.graph_fit["epochs"] * per_epoch(s.graph_fit, len(s.graph_train)),
             "ViT": s.vit_fit["epochs"] * per_epoch(s.vit_fit, len(s.images_train[0])),
-            "DQN (per agent)": dqn_updates(**s.dqn),
             "plasticity (per task)": s.refit["steps"],
             "MLP": s.mlp_fit["epochs"] * per_epoch(s.mlp_fit, len(s.pixels_train[0])),
             "LSTM": s.lstm_fit["epochs"] * per_epoch(s.lstm_fit, len(s.steps_train[0]))}
