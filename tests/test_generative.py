@@ -317,3 +317,33 @@ def test_a_dcgan_style_critic_has_no_norm_on_its_first_layer_and_still_couples()
     assert (jac - torch.diag(torch.diag(jac))).max() > 1e-3
     with pytest.raises(TypeError, match="first_norm"):
         G.critic("batch", seeds=[0], first_norm="no")
+
+
+def test_train_vae_evaluates_at_every_checkpoint_without_changing_the_training():
+    x = (torch.rand(40, 64, generator=torch.Generator().manual_seed(0)) > 0.5).float()
+    seen: list[tuple[int, bool]] = []
+    plain = G.train_vae(G.vae("batch", [0, 1]), x, steps=6, batch_size=8)
+    watched = G.train_vae(G.vae("batch", [0, 1]), x, steps=6, batch_size=8, every=2,
+                          evaluate=lambda step, v: seen.append((step, v.training)))
+    np.testing.assert_array_equal(plain, watched)
+    assert seen == [(2, False), (4, False), (6, False)]
+    with pytest.raises(ValueError, match="every"):
+        G.train_vae(G.vae("none", [0]), x, steps=2, every=-1)
+    with pytest.raises(TypeError, match="evaluate"):
+        G.train_vae(G.vae("none", [0]), x, steps=2, every=1, evaluate=3)
+
+
+def test_input_gradient_norms_are_the_penalty_gradients_and_leave_the_buffers():
+    crit = G.critic("batch", [0, 1])
+    x = torch.randn(2, 16, 64, generator=torch.Generator().manual_seed(0))
+    before = [b.clone() for b in crit.buffers()]
+    coupled, own = G.input_gradient_norms(crit, x), G.input_gradient_norms(crit, x, frozen=True)
+    assert all(torch.equal(a, b) for a, b in zip(before, crit.buffers()))
+    assert coupled.shape == own.shape == (2, 16) and not torch.allclose(coupled, own)  # BN couples the examples
+    # the paper's penalty is (||grad|| - 1)^2 of exactly these norms (alpha = 1: x_hat is x)
+    ones = torch.ones(2, 16, 1)
+    torch.testing.assert_close(G.gradient_penalty(crit, x, x, ones, create_graph=False), (coupled - 1) ** 2, rtol=1e-4, atol=1e-6)
+    ln = G.critic("layer", [0, 1])
+    torch.testing.assert_close(G.input_gradient_norms(ln, x), G.input_gradient_norms(ln, x, frozen=True))
+    with pytest.raises(ValueError, match="x must"):
+        G.input_gradient_norms(crit, x[0])

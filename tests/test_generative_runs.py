@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("generative")
     cmd = [sys.executable, str(ROOT / "benchmarks" / "generative.py"), "--seeds", "2", "--chapter-steps", "2",
-           "--paper-steps", "3", "--vae-steps", "2", "--arms", "LN critic", "conv, BN critic", "--workers", "1",
+           "--paper-steps", "3", "--vae-steps", "2", "--vae-long-steps", "4", "--vae-long-every", "2", "--arms", "LN critic", "conv, BN critic", "--workers", "1",
            "--out", str(out)]
     env = os.environ | {"PYTHONPATH": str(ROOT / "src")}
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600, env=env)
@@ -37,6 +37,10 @@ def test_smoke_run_writes_every_arm_with_provenance(smoke):
     for run in stored.gan.values():
         assert np.all(run["fd"] > 0) and np.all((run["classes"] >= 1) & (run["classes"] <= 10))
     assert np.all(np.concatenate(list(stored.vae.values())) < 0)
+    assert sorted(stored.vae_long) == sorted(G.NORMS)
+    for run in stored.vae_long.values():
+        assert list(run["steps"]) == [2, 4] and run["heldout"].shape == (2, 2) and np.all(run["heldout"] < 0)
+        assert all(run[m].shape == (2,) for m in ("train_objective", "train_eval", "heldout_batch"))
     with pytest.raises(ValueError, match="no stored run"):
         stored.final_fd("BN critic")
 
@@ -58,6 +62,11 @@ def test_incomplete_files_are_refused(smoke, tmp_path):
     (tmp_path / "generative-vae.csv").write_text((smoke / "generative-vae.csv").read_text())
     with pytest.raises(ValueError, match="incomplete"):
         G.stored_generative(str(tmp_path))
+    (tmp_path / "generative-gan.csv").write_text((smoke / "generative-gan.csv").read_text())
+    lines = (smoke / "generative-vae-long.csv").read_text().splitlines()
+    (tmp_path / "generative-vae-long.csv").write_text("\n".join(lines[:-1]) + "\n")
+    with pytest.raises(ValueError, match="incomplete"):
+        G.stored_generative(str(tmp_path))
 
 
 def test_the_shipped_results_cover_every_arm_of_both_studies():
@@ -73,3 +82,15 @@ def test_the_shipped_results_cover_every_arm_of_both_studies():
     assert list(stored.gan[("chapter", "LN critic")]["steps"]) == list(range(15, 151, 15))
     assert list(stored.gan[("paper", "LN critic")]["steps"]) == list(range(100, 1001, 100))
     assert all(v.shape == (5,) for v in stored.vae.values())
+    assert sorted(stored.vae_long) == sorted(G.NORMS)
+    for run in stored.vae_long.values():
+        assert list(run["steps"]) == list(range(G.LONG_VAE["every"], G.LONG_VAE["steps"] + 1, G.LONG_VAE["every"]))
+        assert run["heldout"].shape == (5, len(run["steps"])) and run["train_eval"].shape == (5,)
+
+
+def test_the_long_vae_run_passes_through_the_chapters_vaes():
+    # the same recipe, seeds and batches; its checkpoint at the chapter's 800 steps is the chapter's stored VAE
+    stored = G.stored_generative()
+    for norm, run in stored.vae_long.items():
+        at = list(run["steps"]).index(G.CHAPTER_VAE["steps"])
+        np.testing.assert_allclose(run["heldout"][:, at], stored.vae[norm], rtol=1e-6)
