@@ -2,7 +2,7 @@
 a plasticity test and ten norms in an MLP and an LSTM, all queued at once.
 
 :func:`setup` builds the data and the settings of every experiment (``full=True``: twice the
-epochs, environment steps and tasks, and 10 graph and 10 ViT seeds); :func:`queue` starts every
+epochs and tasks, and 10 graph and 10 ViT seeds); :func:`queue` starts every
 job on the chapter's workers (:func:`lnbook.train.cpu_workers`) and returns the futures by
 section, so that each section of the chapter waits only for its own runs. Every arm except the
 graph networks trains its seeds as one stacked model (:mod:`lnbook.seeds`). A stacked member is
@@ -83,9 +83,9 @@ class Setup:
 
 
 def setup(full: bool = False, tiny: bool = False) -> Setup:
-    """The chapter's data and settings. ``full``: twice the epochs, environment steps and tasks,
-    and 10 graph and 10 ViT seeds instead of 5. ``tiny`` (for tests): a few graphs and images,
-    one epoch, 2 seeds and a few hundred environment steps, the same code paths."""
+    """The chapter's data and settings. ``full``: twice the epochs and tasks, and 10 graph and
+    10 ViT seeds instead of 5. ``tiny`` (for tests): a few graphs and images, one epoch, 2 seeds
+    and 5 updates per task, the same code paths."""
     check_bool(full, "full")
     check_bool(tiny, "tiny")
     scale = 2 if full else 1
