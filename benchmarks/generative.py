@@ -32,6 +32,15 @@ in eval mode every 200 steps (step 800 is the chapter's budget, the same numbers
 (training mode, batch statistics, what Adam climbed), the eval-mode ELBO of the training digits
 and the held-out ELBO scored as one batch of 360 with its own statistics.
 
+A fourth study, ``vae-rates`` (``--studies vae-rates``), trains the three VAEs at each rate of
+``generative.VAE_RATES`` (3e-4, 1e-3, 3e-3; ``--rates``) for ``LONG_VAE``'s 5,000 steps on the
+fit part of the training digits (``data.validation_split``, stratified, 20% held out as
+validation; the test digits are never seen until scored) and stores, every 200 steps, the ELBO
+in eval mode of the validation digits (on which the chapter picks each norm's rate) and of the
+test digits, and at the end the training objective of the last 200 steps and the eval-mode ELBO
+of the fit digits (the train/eval gap). It writes ``generative-vae-rates.csv`` (norm, lr, seed,
+step, measure, value).
+
 Writes ``generative-gan.csv`` (study, arm, seed, step, fd, confidence, classes),
 ``generative-vae.csv`` (study, norm, seed, heldout_elbo) and ``generative-vae-long.csv`` (norm,
 seed, step, measure, value) with provenance as leading ``#`` lines; by default into
@@ -72,6 +81,8 @@ def _setup() -> None:
     _STATE["judge"] = G.digits_judge((train_flat, train_y), (test_flat, test_y))
     _STATE["pool"] = train_flat * 2 - 1
     _STATE["binary"] = ((train_flat > 0.5).float(), (test_flat > 0.5).float())
+    (fit_x, _), (val_x, _) = data.validation_split((train_flat, train_y))
+    _STATE["split"] = ((fit_x > 0.5).float(), (val_x > 0.5).float(), _STATE["binary"][1])
 
 
 def _gan(study: str, arm: str, seeds: list[int], settings: dict) -> tuple[list[str], float]:
@@ -111,6 +122,29 @@ def _vae_long(norm: str, seeds: list[int], settings: dict) -> tuple[list[str], f
     return rows, time.perf_counter() - start
 
 
+def _vae_rates(norm: str, lr: float, seeds: list[int], settings: dict) -> tuple[list[str], float]:
+    """One norm at one rate: trained on the fit part of the training digits, scored (eval mode)
+    on the validation part and on the test digits at every checkpoint, and the two final
+    measures of the train/eval gap on the fit digits."""
+    start = time.perf_counter()
+    fit, val, test = _STATE["split"]
+    model = G.vae(norm, seeds)
+    rows: list[str] = []
+
+    def evaluate(step: int, vae: G.VAE) -> None:
+        for split, x in (("validation", val), ("test", test)):
+            values = G.heldout_elbo(vae, x).numpy()
+            rows.extend(f"{norm},{lr:g},{s},{step},{split},{values[m]:.9g}" for m, s in enumerate(seeds))
+
+    curve = G.train_vae(model, fit, **settings, lr=lr, evaluate=evaluate)
+    steps = settings["steps"]
+    model.eval()
+    final = {"train_objective": curve[:, -min(200, steps):].mean(1),  # training mode, batch statistics
+             "train_eval": G.heldout_elbo(model, fit).numpy()}  # the fit digits, eval mode
+    rows += [f"{norm},{lr:g},{s},{steps},{key},{v[m]:.9g}" for key, v in final.items() for m, s in enumerate(seeds)]
+    return rows, time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=5)
@@ -119,7 +153,8 @@ def main() -> None:
     parser.add_argument("--vae-steps", type=int, default=G.CHAPTER_VAE["steps"])
     parser.add_argument("--vae-long-steps", type=int, default=G.LONG_VAE["steps"])
     parser.add_argument("--vae-long-every", type=int, default=G.LONG_VAE["every"])
-    parser.add_argument("--studies", nargs="+", choices=["gan", "vae", "vae-long"], default=["gan", "vae", "vae-long"])
+    parser.add_argument("--studies", nargs="+", choices=["gan", "vae", "vae-long", "vae-rates"], default=["gan", "vae", "vae-long"])
+    parser.add_argument("--rates", type=float, nargs="+", default=list(G.VAE_RATES), help="the vae-rates study's grid")
     parser.add_argument("--arms", nargs="+", default=None, help="only these arms (default: all of each study)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -134,14 +169,18 @@ def main() -> None:
     wanted = (lambda names: [a for a in names if args.arms is None or a in args.arms])
     head = provenance(f"seeds 0-{args.seeds - 1}; chapter: {chapter}; paper: {paper}; MLP generator {G.GEN_HIDDEN}, "
                       f"critic {G.CRIT_HIDDEN}, conv channels {G.CONV_CHANNELS}; VAE {G.CHAPTER_VAE | {'steps': args.vae_steps}}; "
-                      f"long VAE {long_vae}")
+                      f"long VAE {long_vae}; VAE rates {args.rates} at {long_vae} on the fit part of the training digits "
+                      f"(data.validation_split, fraction 0.2)")
     jobs = [("chapter", a, chapter) for a in wanted(list(G.GAN_ARMS))] + [("paper", a, paper) for a in wanted(PAPER_ARMS)]
     jobs = jobs if "gan" in args.studies else []
     jobs.sort(key=lambda j: -j[2]["steps"])  # the long runs first, so the two workers finish together
     gan_rows, vae_rows = ["study,arm,seed,step,fd,confidence,classes"], ["study,norm,seed,heldout_elbo"]
     long_rows = ["norm,seed,step,measure,value"]
+    rate_rows = ["norm,lr,seed,step,measure,value"]
     with ProcessPoolExecutor(args.workers, initializer=_setup) as pool:
         long_futures = [(n, pool.submit(_vae_long, n, seeds, long_vae)) for n in G.NORMS] if "vae-long" in args.studies else []
+        rate_futures = [((n, lr), pool.submit(_vae_rates, n, lr, seeds, {k: v for k, v in long_vae.items() if k != "lr"}))
+                        for n in G.NORMS for lr in args.rates] if "vae-rates" in args.studies else []
         gan_futures = [(j, pool.submit(_gan, j[0], j[1], seeds, j[2])) for j in jobs]
         vae_futures = [(n, pool.submit(_vae, n, seeds, G.CHAPTER_VAE | {"steps": args.vae_steps}))
                        for n in G.NORMS] if "vae" in args.studies else []
@@ -157,8 +196,12 @@ def main() -> None:
             rows, seconds = future.result()
             long_rows += rows
             print(f"long VAE {norm}: {seconds:.0f} s", flush=True)
+        for (norm, lr), future in rate_futures:
+            rows, seconds = future.result()
+            rate_rows += rows
+            print(f"VAE {norm} at {lr:g}: {seconds:.0f} s", flush=True)
     files = {"gan": ("generative-gan.csv", gan_rows), "vae": ("generative-vae.csv", vae_rows),
-             "vae-long": ("generative-vae-long.csv", long_rows)}
+             "vae-long": ("generative-vae-long.csv", long_rows), "vae-rates": ("generative-vae-rates.csv", rate_rows)}
     write_tables(args.out, head, dict(files[s] for s in args.studies))
 
 

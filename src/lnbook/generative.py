@@ -973,6 +973,8 @@ CHAPTER_VAE = dict(steps=800, batch_size=64, lr=1e-3)
 """The chapter's VAE budget: 800 Adam steps on batches of 64 at 1e-3."""
 LONG_VAE = dict(steps=5000, batch_size=64, lr=1e-3, every=200)
 """The stored longer VAE run: the same recipe for 5,000 steps (the notebook's FULL), held-out ELBO every 200 (so step 800 is the chapter's budget)."""
+VAE_RATES = (3e-4, 1e-3, 3e-3)
+"""The stored VAE rate study's grid of Adam learning rates (each norm's rate chosen on validation)."""
 
 
 def build_gan(arm: GanArm, seeds: Sequence[int], gen_hidden: Sequence[int] = GEN_HIDDEN,
