@@ -329,3 +329,66 @@ def dots_and_intervals(ax, groups: Mapping[str, Sequence[float]], xlabel: str, c
         ax.axvline(reference, color="0.5", ls="--", lw=1)
     ax.set_yticks(range(len(names)), names[::-1])
     ax.set(xlabel=xlabel)
+
+
+NETS = {"mlp": "MLP", "lstm": "LSTM"}
+SWEEP_RATES = {"mlp": (0.03, 0.1, 0.3), "lstm": (3e-3, 1e-2, 3e-2)}  # a 3-point grid around each network's chapter rate
+
+
+def norm_sweep_data() -> dict[str, dict[str, tuple]]:
+    """The data of the stored norm sweep: per network (``"mlp"``, ``"lstm"``) the ``"fit"`` and
+    ``"val"`` parts of the training digits (:func:`lnbook.data.validation_split`) and the
+    ``"test"`` digits; the MLP reads pixels ``(N, 64, 1)``, the LSTM 4 pixels a step ``(N, 16, 4)``."""
+    train_set, test_set = data.digits_sequences("pixel")
+    fit_set, val_set = data.validation_split(train_set)
+    pixels = {"fit": fit_set, "val": val_set, "test": test_set}
+    return {"mlp": pixels, "lstm": {k: data.as_steps(v, 4) for k, v in pixels.items()}}
+
+
+def train_norm_arm(net: str, arm: str, lrs: Sequence[float], seed_list: Sequence[int], epochs: int,
+                   sets: Mapping[str, tuple]) -> dict[str, np.ndarray]:
+    """One arm of the stored norm sweep (``benchmarks/norm_sweep.py``): every rate of ``lrs`` x
+    every seed of ``seed_list`` as one stacked model (member ``i``: rate ``lrs[i // S]``, seed
+    ``seed_list[i % S]``, built after ``seed_everything(seed)``), trained for ``epochs`` on
+    ``sets["fit"]`` as section 5 trains (MLP: SGD with momentum, LSTM: Adam, gradient norm
+    clipped at 1; batches of 64). Returns, per member ``(R*S, ...)``: ``"val"`` and ``"test"``,
+    the accuracy after each epoch ``(R*S, epochs)``; ``"loss"``, each epoch's mean training
+    loss ``(R*S, epochs)``; ``"to_loss_1"``, the update at which the 10-update mean of the loss
+    first fell below 1.0 (``nan``: never) ``(R*S,)``; ``"per_epoch"``, updates per epoch."""
+    if net not in NETS:
+        raise ValueError(f"net must be one of {tuple(NETS)}, got {describe(net)}")
+    if arm not in (MLP_ARMS if net == "mlp" else LSTM_ARMS):
+        raise ValueError(f"arm must be an arm of the {NETS[net]}, got {describe(arm)}")
+    check_positive_int(epochs, "epochs")
+    if not lrs or not seed_list:
+        raise ValueError(f"lrs and seed_list must be non-empty, got {describe(lrs)} and {describe(seed_list)}")
+    fit_set, val_set = sets["fit"], sets["val"]
+    members = []
+    for _ in lrs:
+        for seed in seed_list:
+            seed_everything(seed)
+            members.append(make_mlp(arm, fit_set[0][:512]) if net == "mlp" else make_lstm(arm))
+    model = seeds.stack(members)
+    n, size = len(fit_set[-1]), 64
+    generators = [torch.Generator().manual_seed(s) for s in list(seed_list) * len(lrs)]
+    val_acc: list[np.ndarray] = []
+
+    def order() -> list[torch.Tensor]:
+        """The epoch's seeded mini-batches, drawn as ``seeds.fit`` draws them; before each epoch
+        after the first, the validation accuracy the last one reached."""
+        if epochs_started[0]:
+            val_acc.append(seeds.accuracy(model, val_set))
+        epochs_started[0] += 1
+        return list(torch.stack([torch.randperm(n, generator=g) for g in generators]).split(size, dim=1))
+
+    epochs_started = [0]
+    hist = seeds.fit(model, fit_set, sets["test"], epochs=epochs, lr=[lr for lr in lrs for _ in seed_list],
+                     batch_size=size, seeds=list(seed_list) * len(lrs), optimizer="sgd" if net == "mlp" else "adam",
+                     grad_clip=None if net == "mlp" else 1.0, order=order)
+    val_acc.append(seeds.accuracy(model, val_set))
+    per_epoch = hist[0].steps_per_epoch
+    reached_at = [train.updates_to(h) for h in hist]
+    return {"val": np.stack(val_acc, 1), "test": np.array([h.test_acc for h in hist]),
+            "loss": np.array([np.reshape(h.step_loss, (epochs, per_epoch)).mean(1) for h in hist]),
+            "to_loss_1": np.array([np.nan if r is None else r for r in reached_at], dtype=float),
+            "per_epoch": np.array(per_epoch)}
