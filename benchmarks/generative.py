@@ -153,7 +153,8 @@ def main() -> None:
     parser.add_argument("--vae-steps", type=int, default=G.CHAPTER_VAE["steps"])
     parser.add_argument("--vae-long-steps", type=int, default=G.LONG_VAE["steps"])
     parser.add_argument("--vae-long-every", type=int, default=G.LONG_VAE["every"])
-    parser.add_argument("--studies", nargs="+", choices=["gan", "vae", "vae-long", "vae-rates"], default=["gan", "vae", "vae-long"])
+    parser.add_argument("--studies", nargs="+", choices=["gan", "vae", "vae-long", "vae-rates"],
+                        default=["gan", "vae", "vae-long", "vae-rates"])
     parser.add_argument("--rates", type=float, nargs="+", default=list(G.VAE_RATES), help="the vae-rates study's grid")
     parser.add_argument("--arms", nargs="+", default=None, help="only these arms (default: all of each study)")
     parser.add_argument("--workers", type=int, default=2)

@@ -41,6 +41,15 @@ def test_smoke_run_writes_every_arm_with_provenance(smoke):
     for run in stored.vae_long.values():
         assert list(run["steps"]) == [2, 4] and run["heldout"].shape == (2, 2) and np.all(run["heldout"] < 0)
         assert all(run[m].shape == (2,) for m in ("train_objective", "train_eval", "heldout_batch"))
+    assert sorted(stored.vae_rates) == sorted(G.NORMS)
+    for by_rate in stored.vae_rates.values():
+        assert sorted(by_rate) == sorted(G.VAE_RATES)
+        for run in by_rate.values():
+            assert list(run["steps"]) == [2, 4] and run["validation"].shape == run["test"].shape == (2, 2)
+            assert np.all(run["validation"] < 0) and np.all(run["test"] < 0)
+            assert run["train_objective"].shape == run["train_eval"].shape == (2,)
+    # different rates train different models: the validation ELBOs differ
+    assert not np.allclose(stored.vae_rates["layer"][G.VAE_RATES[0]]["validation"], stored.vae_rates["layer"][G.VAE_RATES[-1]]["validation"])
     with pytest.raises(ValueError, match="no stored run"):
         stored.final_fd("BN critic")
 
@@ -67,6 +76,11 @@ def test_incomplete_files_are_refused(smoke, tmp_path):
     (tmp_path / "generative-vae-long.csv").write_text("\n".join(lines[:-1]) + "\n")
     with pytest.raises(ValueError, match="incomplete"):
         G.stored_generative(str(tmp_path))
+    (tmp_path / "generative-vae-long.csv").write_text((smoke / "generative-vae-long.csv").read_text())
+    lines = (smoke / "generative-vae-rates.csv").read_text().splitlines()
+    (tmp_path / "generative-vae-rates.csv").write_text("\n".join(lines[:-1]) + "\n")
+    with pytest.raises(ValueError, match="rate run .* incomplete"):
+        G.stored_generative(str(tmp_path))
 
 
 def test_the_shipped_results_cover_every_arm_of_both_studies():
@@ -86,6 +100,12 @@ def test_the_shipped_results_cover_every_arm_of_both_studies():
     for run in stored.vae_long.values():
         assert list(run["steps"]) == list(range(G.LONG_VAE["every"], G.LONG_VAE["steps"] + 1, G.LONG_VAE["every"]))
         assert run["heldout"].shape == (5, len(run["steps"])) and run["train_eval"].shape == (5,)
+    assert sorted(stored.vae_rates) == sorted(G.NORMS)
+    for by_rate in stored.vae_rates.values():
+        assert sorted(by_rate) == sorted(G.VAE_RATES)
+        for run in by_rate.values():
+            assert list(run["steps"]) == list(range(G.LONG_VAE["every"], G.LONG_VAE["steps"] + 1, G.LONG_VAE["every"]))
+            assert run["validation"].shape == run["test"].shape == (5, len(run["steps"]))
 
 
 def test_the_long_vae_run_passes_through_the_chapters_vaes():
