@@ -17,22 +17,32 @@ draws its own mini-batches and noise, and the loss is the sum of the members' lo
   Welling's VAE with a Bernoulli decoder.
 - :func:`batch_jacobian`: how much each output of a batch depends on each input;
   :func:`frechet_distance` and :func:`class_coverage` score samples.
+- Chapter 10's measurements: :func:`off_diagonal_share`, :func:`penalty_spread`,
+  :func:`shift_gradients`, :func:`own_slopes`, :func:`one_at_a_time`, :func:`batchmate_spread`,
+  :func:`normalized_means`, :func:`sample_grid`; :func:`said` and :func:`claim_verdict` read a
+  comparison for the chapter's closing table.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
 
 from . import seeds as seed_axis
-from ._checks import check_bool, check_choice, check_float_tensor, check_number, check_positive_int, describe
+from ._checks import check_bool, check_choice, check_float_tensor, check_int, check_number, check_positive_int, describe
 from .functional import layer_norm
 from .norms import MaskedBatchNorm1d
+
+if TYPE_CHECKING:
+    import matplotlib.figure
+
+    from .compare import Comparisons
 
 NORMS = ("none", "batch", "layer")
 ACTIVATIONS = ("relu", "leaky_relu")
@@ -878,6 +888,200 @@ def class_coverage(logits: torch.Tensor) -> tuple[float, float]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Chapter 10's measurements of trained and untrained stacks (the notebook calls them).
+
+def _seed_count(net: nn.Module, name: str) -> int:
+    seeds = getattr(net, "seeds", None)
+    if not isinstance(net, nn.Module) or not isinstance(seeds, list) or not seeds:
+        raise TypeError(f"{name} must be a stack made by critic(), conv_critic(), generator() or vae(), got {describe(net)}")
+    return len(seeds)
+
+
+def _device(net: nn.Module) -> torch.device:
+    return next(net.parameters()).device
+
+
+def off_diagonal_share(jac: torch.Tensor) -> float:
+    """How much of a batch Jacobian's mass lies off its diagonal, relative to the diagonal:
+    ``sum_{i != j} J[i, j] / sum_i J[i, i]`` for ``jac (B, B)`` from :func:`batch_jacobian`
+    (0 for a network that works example by example)."""
+    check_float_tensor(jac, "jac")
+    if jac.ndim != 2 or jac.shape[0] != jac.shape[1] or len(jac) < 2:
+        raise ValueError(f"jac must be a square (B, B) matrix with B >= 2, got shape {tuple(jac.shape)}")
+    diag = jac.diag().sum()
+    if not diag > 0:
+        raise ValueError("jac must have a positive diagonal (each output depends on its own input)")
+    return float((jac.sum() - diag) / diag)
+
+
+def penalty_spread(crit: nn.Module, real: torch.Tensor, fake: torch.Tensor, batch_size: int = 16, draws: int = 20,
+                   seed: int = 1) -> np.ndarray:
+    """The relative spread (standard deviation over mean) of one example's gradient penalty
+    when its batch-mates are redrawn, per member ``(members,)``: example 0 of ``real`` and of
+    ``fake`` (pools ``(N, 64)``, row ``i`` of each paired) with a fixed ``alpha``, and
+    ``batch_size - 1`` batch-mates drawn ``draws`` times from rows ``1..N-1`` (generator
+    ``seed``). 0 for a critic whose penalty is per example."""
+    s = _seed_count(crit, "crit")
+    real, fake = _check_data(real, 64, "real"), _check_data(fake, 64, "fake")
+    if real.shape != fake.shape or len(real) < 2:
+        raise ValueError(f"real and fake must be paired pools of the same shape (N >= 2, 64), got {tuple(real.shape)} "
+                         f"and {tuple(fake.shape)}")
+    check_int(batch_size, "batch_size", 2)
+    check_int(draws, "draws", 2)
+    device, g = _device(crit), torch.Generator().manual_seed(_check_seed(seed))
+    alpha = torch.rand(1, batch_size, 1, generator=g).expand(s, batch_size, 1).to(device)
+    values = []
+    for _ in range(draws):
+        idx = torch.cat([torch.zeros(1, dtype=torch.long), torch.randint(1, len(real), (batch_size - 1,), generator=g)])
+        r, f = (pool[idx].to(device).expand(s, batch_size, 64) for pool in (real, fake))
+        values.append(gradient_penalty(crit, r, f, alpha, create_graph=False)[:, 0].detach())
+    stacked = torch.stack(values)  # (draws, members)
+    return (stacked.std(0) / stacked.mean(0)).cpu().numpy()
+
+
+def shift_gradients(crit: nn.Module, x: torch.Tensor, x_other: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Whether a critic (in its current mode) sees what a batch has in common, per member
+    ``(members,)`` each: ``|d mean score / d shift|`` for one vector added to every example of
+    ``x (B, 64)`` with the batch scored alone, the same with the shifted batch as the second
+    half of a joint batch after ``x_other (B, 64)``, and the mean norm of the gradient of the
+    summed scores with respect to each example (the gradient the penalty takes)."""
+    s = _seed_count(crit, "crit")
+    x, x_other = _check_data(x, 64, "x"), _check_data(x_other, 64, "x_other")
+    if x.shape != x_other.shape:
+        raise ValueError(f"x and x_other must have the same shape, got {tuple(x.shape)} and {tuple(x_other.shape)}")
+    b = len(x)
+    shift = torch.zeros(s, 1, 64, device=x.device, requires_grad=True)
+    (alone,) = torch.autograd.grad(crit(x + shift)[..., 0].mean(1).sum(), shift)
+    joint_batch = torch.cat([x_other.expand(s, b, 64), x + shift], 1)
+    (joint,) = torch.autograd.grad(crit(joint_batch)[:, b:, 0].mean(1).sum(), shift)
+    x_each = x.expand(s, b, 64).clone().requires_grad_(True)
+    (each,) = torch.autograd.grad(crit(x_each)[..., 0].sum(), x_each)
+    return (alone.norm(dim=-1)[:, 0].cpu().numpy(), joint.norm(dim=-1)[:, 0].cpu().numpy(),
+            each.norm(dim=-1).mean(1).cpu().numpy())
+
+
+def own_slopes(crit: nn.Module, real: torch.Tensor, fake: torch.Tensor, joint: bool) -> np.ndarray:
+    """Each example's own slope (input-gradient norm, :func:`input_gradient_norms` with
+    ``frozen=True``) in the function that scores it as training scored it, averaged over the
+    examples, per member ``(members,)``: ``real (B, 64)`` and ``fake (members, B, 64)`` as one
+    joint batch (``joint=True``) or each batch alone. The critic runs in training mode (its
+    running averages are left as they were) and is put back in the mode it was in."""
+    s = _seed_count(crit, "crit")
+    real = _check_data(real, 64, "real")
+    check_float_tensor(fake, "fake")
+    check_bool(joint, "joint")
+    if fake.shape != (s, *real.shape):
+        raise ValueError(f"fake must have shape {(s, *real.shape)} (members, B, 64), got {tuple(fake.shape)}")
+    was_training = crit.training
+    crit.train()
+    try:
+        real_s = real.expand(s, -1, -1)
+        if joint:
+            slopes = input_gradient_norms(crit, torch.cat([real_s, fake], 1), frozen=True)
+        else:
+            slopes = torch.cat([input_gradient_norms(crit, real_s, frozen=True), input_gradient_norms(crit, fake, frozen=True)], 1)
+    finally:
+        crit.train(was_training)
+    return slopes.mean(1).cpu().numpy()
+
+
+def one_at_a_time(vae: VAE, x: torch.Tensor, batch_stats: bool | None = True, seed: int = 0) -> tuple[np.ndarray, float]:
+    """Every example of ``x (N, 64)`` encoded and scored as a batch of one (one noise draw
+    each, from ``seed``): the mean ELBO per member ``(members,)``, and the largest spread of the
+    encoder's means across the examples (max - min over examples, largest over members and
+    latent dimensions). With ``batch_stats=True`` a batch-norm VAE normalizes each example with
+    its own statistics: a misuse, kept to show what the coupling is."""
+    if not isinstance(vae, VAE):
+        raise TypeError(f"vae must be a stack of VAEs made by vae(), got {describe(vae)}")
+    s = _members(vae)
+    x = _check_data(x, 64, "x")
+    g = torch.Generator().manual_seed(_check_seed(seed))
+    with torch.no_grad():
+        values = [elbo(vae, x[i : i + 1], torch.randn(s, 1, vae.latent, generator=g).to(x.device), batch_stats)
+                  for i in range(len(x))]
+        mus = torch.cat([vae.encode(x[i : i + 1], batch_stats)[0] for i in range(len(x))], 1)  # (members, N, latent)
+    return torch.cat(values, 1).mean(1).cpu().numpy(), float((mus.max(1).values - mus.min(1).values).max())
+
+
+def batchmate_spread(vae: VAE, x: torch.Tensor, pool: torch.Tensor, batch_size: int = 64, draws: int = 20,
+                     seed: int = 2) -> np.ndarray:
+    """The standard deviation (nats) of one digit's training-mode ELBO (batch statistics) over
+    ``draws`` sets of ``batch_size - 1`` batch-mates drawn from ``pool (N, 64)`` (generator
+    ``seed``; the same noise every draw), per member ``(members,)``; ``x (1, 64)`` is the digit.
+    0 for a VAE that works example by example."""
+    if not isinstance(vae, VAE):
+        raise TypeError(f"vae must be a stack of VAEs made by vae(), got {describe(vae)}")
+    s = _members(vae)
+    x, pool = _check_data(x, 64, "x"), _check_data(pool, 64, "pool")
+    if len(x) != 1:
+        raise ValueError(f"x must be one digit (1, 64), got {tuple(x.shape)}")
+    check_int(batch_size, "batch_size", 2)
+    check_int(draws, "draws", 2)
+    g = torch.Generator().manual_seed(_check_seed(seed))
+    noise = torch.randn(s, batch_size, vae.latent, generator=g).to(x.device)
+    values = []
+    with torch.no_grad():
+        for _ in range(draws):
+            batch = torch.cat([x, pool[torch.randint(len(pool), (batch_size - 1,), generator=g)]])
+            values.append(elbo(vae, batch, noise, batch_stats=True)[:, 0])
+    return torch.stack(values).std(0).cpu().numpy()
+
+
+def normalized_means(crit: Net, batch: torch.Tensor, layer: int = 0) -> torch.Tensor:
+    """Each unit's mean over ``batch`` (``(B, 64)`` or ``(members, B, 64)``) of hidden layer
+    ``layer``'s pre-activations, minus the layer's batch norm's running mean, in units of its
+    running standard deviation: ``(members, F)`` (see :meth:`Net.hidden`, :meth:`Net.norm_statistics`)."""
+    if not isinstance(crit, Net):
+        raise TypeError(f"crit must be a Net stack made by critic(), got {describe(crit)}")
+    running_mean, running_var = crit.norm_statistics(layer)
+    return (crit.hidden(batch, layer).mean(-2) - running_mean) / running_var.sqrt()
+
+
+def sample_grid(rows: Mapping[str, torch.Tensor], title: str) -> "matplotlib.figure.Figure":
+    """One row of digits per entry of ``rows`` (label -> images ``(n, 64)`` in ``[0, 1]``, the
+    same ``n`` for every row), drawn side by side in gray; returns the figure."""
+    import matplotlib.pyplot as plt
+
+    if not isinstance(rows, Mapping) or not rows:
+        raise ValueError(f"rows must map labels to images (n, 64), got {describe(rows)}")
+    n = len(next(iter(rows.values())))
+    for label, images in rows.items():
+        check_float_tensor(images, f"rows[{label!r}]")
+        if images.shape != (n, 64):
+            raise ValueError(f"rows[{label!r}] must have shape ({n}, 64), got {tuple(images.shape)}")
+    fig, axes = plt.subplots(len(rows), 1, figsize=(8, 0.8 * len(rows)), squeeze=False)
+    for ax, (label, images) in zip(axes[:, 0], rows.items()):
+        ax.imshow(torch.cat(list(images.detach().cpu().reshape(n, 8, 8)), 1), cmap="gray_r", vmin=0, vmax=1)
+        ax.set_xticks([]), ax.set_yticks([])
+        ax.set_ylabel(label, rotation=0, ha="right", va="center", fontsize=9)
+    axes[0, 0].set_title(title)
+    return fig
+
+
+def said(table: Comparisons, a: str, b: str) -> str:
+    """One comparison of ``table`` (a :func:`lnbook.compare.compare` or ``by_measure`` result),
+    short: ``"a − b = d [lo, hi]"``, the difference with its 95% interval."""
+    c = table[a, b]
+    return f"{c.a} − {c.b} = {c.interval}"
+
+
+def claim_verdict(table: Comparisons, a: str, b: str, claimed: str | None) -> str:
+    """The verdict on a claim that ``claimed`` is better than the other of ``a`` and ``b``
+    (``None``: a claim of no difference), computed from their comparison in ``table``:
+    ``"holds"`` (the claimed arm wins after the table's Holm correction), ``"not shown (no
+    difference measured)"``, ``"contradicted (...)"`` (the other arm wins), or for ``None``
+    ``"no difference measured"`` / the winner."""
+    c = table[a, b]
+    if claimed is not None and claimed not in (c.a, c.b):
+        raise ValueError(f"claimed must be {c.a!r}, {c.b!r} or None, got {claimed!r}")
+    if claimed is None:
+        return c.short
+    if c.winner is None:
+        return "not shown (no difference measured)"
+    return "holds" if c.winner == claimed else f"contradicted ({c.short})"
+
+
+# ---------------------------------------------------------------------------------------------
 # Chapter 10's experiments as one configuration, shared by the notebook and the stored run of
 # benchmarks/generative.py (so that the two compute the same numbers).
 
@@ -1013,7 +1217,13 @@ class StoredGenerative:
     T)`` (eval mode at every checkpoint), ``"train_objective"`` (mean training-mode ELBO of the
     last 200 steps), ``"train_eval"`` (the training digits in eval mode), ``"heldout_batch"``
     (the held-out digits as one batch with its own statistics)``: (seeds,)}``, nats per digit;
-    ``vae_long_provenance``: that file's ``#`` lines."""
+    ``vae_long_provenance``: that file's ``#`` lines. ``vae_rates[norm][lr]`` (empty where the
+    folder has no ``generative-vae-rates.csv``): each norm at each rate of :data:`VAE_RATES`,
+    trained for :data:`LONG_VAE`'s steps on the fit part of the training digits,
+    ``{"steps": (T,), "validation", "test": (seeds, T)`` (eval-mode ELBO at every checkpoint of
+    the validation part and the test digits), ``"train_objective"`` (mean training-mode ELBO of
+    the last 200 steps), ``"train_eval"`` (the fit digits in eval mode)``: (seeds,)}``, nats per
+    digit; ``vae_rates_provenance``: that file's ``#`` lines."""
 
     provenance: list[str]
     seeds: list[int]
@@ -1021,6 +1231,8 @@ class StoredGenerative:
     vae: dict[str, np.ndarray]
     vae_long: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     vae_long_provenance: list[str] = field(default_factory=list)
+    vae_rates: dict[str, dict[float, dict[str, np.ndarray]]] = field(default_factory=dict)
+    vae_rates_provenance: list[str] = field(default_factory=list)
 
     def final_fd(self, arm: str, study: str = "chapter") -> np.ndarray:
         """The Fréchet distance at the last evaluation of ``arm`` in ``study``, per seed ``(seeds,)``."""
@@ -1082,4 +1294,23 @@ def stored_generative(folder: str | None = None) -> StoredGenerative:
             long_out[norm] = {"steps": np.array(steps),
                               "heldout": np.array([[table[("heldout", s, t)] for t in steps] for s in seeds])} | \
                 {m: np.array([table[(m, s, final)] for s in seeds]) for m in ("train_objective", "train_eval", "heldout_batch")}
-    return StoredGenerative(provenance, seeds, gan, vae_out, long_out, long_head)
+    rates_out: dict[str, dict[float, dict[str, np.ndarray]]] = {}
+    rates_head: list[str] = []
+    exists = (Path(folder) / "generative-vae-rates.csv").exists() if folder is not None else \
+        resources.files("lnbook").joinpath("results", "generative-vae-rates.csv").is_file()
+    if exists:
+        rates_head, rate_rows = read("generative-vae-rates.csv")
+        for norm, lr in sorted({(r["norm"], float(r["lr"])) for r in rate_rows}):
+            rows = [r for r in rate_rows if r["norm"] == norm and float(r["lr"]) == lr]
+            table = {(r["measure"], int(r["seed"]), int(r["step"])): float(r["value"]) for r in rows}
+            steps = sorted({int(r["step"]) for r in rows if r["measure"] == "validation"})
+            final = max(steps, default=0)
+            expected = {(m, s, t) for m in ("validation", "test") for s in seeds for t in steps} | \
+                {(m, s, final) for m in ("train_objective", "train_eval") for s in seeds}
+            if not steps or len(table) != len(rows) or set(table) != expected:
+                raise ValueError(f"stored VAE rate run ({norm!r}, {lr:g}) is incomplete or has duplicates: expected "
+                                 f"seeds {seeds}, checkpoints {steps} and the two final measures")
+            rates_out.setdefault(norm, {})[lr] = {"steps": np.array(steps)} | \
+                {m: np.array([[table[(m, s, t)] for t in steps] for s in seeds]) for m in ("validation", "test")} | \
+                {m: np.array([table[(m, s, final)] for s in seeds]) for m in ("train_objective", "train_eval")}
+    return StoredGenerative(provenance, seeds, gan, vae_out, long_out, long_head, rates_out, rates_head)
