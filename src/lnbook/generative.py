@@ -1012,8 +1012,9 @@ def batchmate_spread(vae: VAE, x: torch.Tensor, pool: torch.Tensor, batch_size: 
     if not isinstance(vae, VAE):
         raise TypeError(f"vae must be a stack of VAEs made by vae(), got {describe(vae)}")
     s = _members(vae)
-    x, pool = _check_data(x, 64, "x"), _check_data(pool, 64, "pool")
-    if len(x) != 1:
+    check_float_tensor(x, "x")
+    pool = _check_data(pool, 64, "pool")
+    if x.shape != (1, 64):
         raise ValueError(f"x must be one digit (1, 64), got {tuple(x.shape)}")
     check_int(batch_size, "batch_size", 2)
     check_int(draws, "draws", 2)
@@ -1051,7 +1052,7 @@ def sample_grid(rows: Mapping[str, torch.Tensor], title: str) -> "matplotlib.fig
             raise ValueError(f"rows[{label!r}] must have shape ({n}, 64), got {tuple(images.shape)}")
     fig, axes = plt.subplots(len(rows), 1, figsize=(8, 0.8 * len(rows)), squeeze=False)
     for ax, (label, images) in zip(axes[:, 0], rows.items()):
-        ax.imshow(torch.cat(list(images.detach().cpu().reshape(n, 8, 8)), 1), cmap="gray_r", vmin=0, vmax=1)
+        ax.imshow(torch.cat(list(images.detach().cpu().reshape(n, 8, 8)), 1).numpy(), cmap="gray_r", vmin=0, vmax=1)
         ax.set_xticks([]), ax.set_yticks([])
         ax.set_ylabel(label, rotation=0, ha="right", va="center", fontsize=9)
     axes[0, 0].set_title(title)
