@@ -39,7 +39,10 @@ def test_queue_runs_every_section_at_a_tiny_size():
     assert bs.updates([history]) == bs.budgets(s)["MLP"]
     _, refit = q["refit"]["re-drawn", "no norm"].result()
     assert refit.fit.shape == (2, 2)
-    assert "refitting 0.001" in bs.learning_rates(s)
+    assert "refitting 0.001" in bs.learning_rates(s) and "MLP" not in bs.learning_rates(s)
+    assert set(bs.queue(s, sections=("refit",))) == {"refit"}
+    with pytest.raises(ValueError, match="sections"):
+        bs.queue(s, sections="vit")
     with pytest.raises(TypeError, match="Setup"):
         bs.queue({"graph_fit": {}})
 
@@ -134,3 +137,71 @@ def test_section_5_arms():
         bs.make_mlp("ddi")
     with pytest.raises(ValueError, match="arm"):
         bs.make_lstm("weight_ddi")
+
+
+def test_train_norm_arm_stacks_rates_and_seeds_and_checks_its_input():
+    sets = {k: tuple(t[:96] for t in v) for k, v in bs.norm_sweep_data()["mlp"].items()}
+    out = bs.train_norm_arm("mlp", "layer", (0.03, 0.3), [0, 1], 2, sets)
+    assert out["val"].shape == out["test"].shape == out["loss"].shape == (4, 2) and int(out["per_epoch"]) == 2
+    assert not np.allclose(out["loss"][0], out["loss"][2])  # members 0 and 2: seed 0 at two rates
+    again = bs.train_norm_arm("mlp", "layer", (0.03,), [1], 2, sets)  # a member alone trains as inside the stack
+    np.testing.assert_allclose(again["loss"][0], out["loss"][1], rtol=1e-4)
+    with pytest.raises(ValueError, match="arm"):
+        bs.train_norm_arm("lstm", "ddi", (0.01,), [0], 1, sets)
+    with pytest.raises(ValueError, match="net"):
+        bs.train_norm_arm("cnn", "layer", (0.01,), [0], 1, sets)
+
+
+def test_norm_questions_tables_and_verdicts():
+    rng = np.random.default_rng(0)
+    final = {(k, a): rng.normal(0.9 + (0.05 if a == "batch" else 0), 0.01, 6) for k in ("mlp", "lstm")
+             for a in (bs.MLP_ARMS if k == "mlp" else bs.LSTM_ARMS)}
+    reached = {key: rng.normal(30, 1, 6) for key in final}
+    tables = bs.norm_questions(final, reached)
+    assert list(tables) == list(bs.QUESTIONS)
+    assert len(tables["weight normalization and its initialization (Salimans and Kingma)"]) == 2 * 6  # DDI: MLP only
+    assert bs.net_verdicts(tables, "MLP").startswith("BN beats LN")
+    table = bs.question_table(tables["BatchNorm against the per-example norms"], "BatchNorm against the per-example norms", final)
+    assert len(table.rows) == 16 and all(len(r) == 8 for r in table.rows)
+    assert max(len(str(table).splitlines()[0]), *(len(line) for line in str(table).splitlines())) <= 150
+    with pytest.raises(ValueError, match="net"):
+        bs.net_verdicts(tables, "CNN")
+    assert bs.cell(tables["LayerNorm against no norm"]["accuracy"]["LayerNorm (MLP)", "no norm (MLP)"])[2] in (
+        "no difference measured", "LN beats none", "none beats LN")
+    with pytest.raises(TypeError, match="Comparison"):
+        bs.cell("0.1")
+
+
+def test_active_units_counts_the_fewest_active_units():
+    from lnbook import models, seeds
+
+    torch.manual_seed(0)
+    model = seeds.stack([models.MLP(4, (8, 8), 1, "layer") for _ in range(3)])
+    fewest = bs.active_units(model, torch.randn(20, 4))
+    assert fewest.shape == (3, 2) and (fewest >= 1).all() and (fewest <= 8).all()  # LayerNorm: at least one unit active
+    with pytest.raises(TypeError, match="stacked"):
+        bs.active_units(models.MLP(4, (8,), 1, "none"), torch.randn(2, 4))
+
+
+def test_epochs_to_counts_the_first_epoch_below_and_censors():
+    curves = np.array([[0.5, 0.2, 0.05, 0.01], [0.5, 0.4, 0.3, 0.2]])
+    np.testing.assert_array_equal(bs.epochs_to(curves, 0.1), [3, 4])  # the second never gets there: its 4 epochs
+    with pytest.raises(ValueError, match="level"):
+        bs.epochs_to(curves, 0)
+    with pytest.raises(ValueError, match="curves"):
+        bs.epochs_to(curves[0], 0.1)
+
+
+def test_learned_alpha_reads_each_graphnorm_layer():
+    from lnbook import graphs
+
+    model = graphs.GraphNet(2, 8, 3, "graph")
+    assert bs.learned_alpha(model) == [1.0, 1.0, 1.0]  # PyG starts alpha at 1: InstanceNorm
+    with pytest.raises(ValueError, match="GraphNorm"):
+        bs.learned_alpha(graphs.GraphNet(2, 8, 3, "none"))
+
+
+def test_at_grid_edge_flags_the_lowest_and_highest_rate():
+    assert bs.at_grid_edge({"a": 0.01, "b": 0.1, "c": 1.0}, [0.01, 0.1, 1.0]) == ["a", "c"]
+    with pytest.raises(ValueError, match="grid"):
+        bs.at_grid_edge({"a": 0.01}, [])

@@ -22,6 +22,7 @@ import copy
 from collections.abc import Hashable, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -29,9 +30,9 @@ from torch import nn
 
 from . import data, graphs, models, norms, rl, rnn, seeds, train
 from ._checks import check_bool, check_positive_int, describe
-from .compare import Comparisons, compare
+from .compare import Comparisons, by_measure, compare
 from .transformer import TinyViT
-from .utils import ci, seed_everything
+from .utils import Table, ci, seed_everything
 
 GRAPH_NORMS = {"no norm": "none", "BatchNorm": "batch", "LayerNorm, node": "layer_node",
                "LayerNorm, graph": "layer_graph", "GraphNorm": "graph"}
@@ -156,30 +157,42 @@ def _start_stacked(make, seed_list: Sequence[int], workers: Executor | None, dev
     return train.fit_many([dict(model=seeds.stack(members).to(device), seeds=list(seed_list), **job)], workers)[0]
 
 
-def queue(s: Setup, workers: Executor | None = None, device: torch.device | str = "cpu") -> dict[str, dict]:
-    """Start every training job of the chapter on ``workers`` (here, one after the other, when
-    None), the longest first so that two workers finish together. Returns ``{section: {arm:
-    futures}}``: for "graphs", "vit", "mlp" and "lstm" a list of futures, one per seed, each
-    giving ``(trained model, history)``; for "refit" one future giving ``(stacked
-    model, history of every member)``."""
+SECTIONS = ("lstm", "graphs", "vit", "refit", "mlp")
+
+
+def queue(s: Setup, workers: Executor | None = None, device: torch.device | str = "cpu",
+          sections: Sequence[str] = SECTIONS) -> dict[str, dict]:
+    """Start the training jobs of the chapter's ``sections`` (of :data:`SECTIONS`; the chapter
+    reads section 5's MLP and LSTM from the stored sweep, :func:`stored_norm_sweep`) on
+    ``workers`` (here, one after the other, when None), the longest first so that two workers
+    finish together. Returns ``{section: {arm: futures}}``: for "graphs", "vit", "mlp" and
+    "lstm" a list of futures, one per seed, each giving ``(trained model, history)``; for
+    "refit" one future giving ``(stacked model, history of every member)``."""
     if not isinstance(s, Setup):
         raise TypeError(f"s must be a Setup (beyond_study.setup()), got {describe(s)}")
+    if isinstance(sections, str) or not set(sections) <= set(SECTIONS):
+        raise ValueError(f"sections must be a sequence of {SECTIONS}, got {describe(sections)}")
     device = torch.device(device)
 
     def stacked_classifier(make, seed_list, **job):
         return seeds.start_runs(make, seed_list, workers, device, fit=seeds.fit, **job)
 
     q: dict[str, dict] = {}
-    q["lstm"] = {arm: stacked_classifier(lambda a=arm: make_lstm(a), s.many, **s.lstm_fit) for arm in LSTM_ARMS}
-    q["graphs"] = {name: train.start_runs(lambda n=norm: graphs.GraphNet(2, 32, 3, n), s.seeds, workers, device,
+    if "lstm" in sections:
+        q["lstm"] = {arm: stacked_classifier(lambda a=arm: make_lstm(a), s.many, **s.lstm_fit) for arm in LSTM_ARMS}
+    if "graphs" in sections:
+        q["graphs"] = {name: train.start_runs(lambda n=norm: graphs.GraphNet(2, 32, 3, n), s.seeds, workers, device,
                                           **s.graph_fit) for name, norm in GRAPH_NORMS.items()}
-    q["vit"] = {(p, name): stacked_classifier(lambda p=p, n=norm: TinyViT(patch_size=p, norm=n), s.vit_seeds, **s.vit_fit)
+    if "vit" in sections:
+        q["vit"] = {(p, name): stacked_classifier(lambda p=p, n=norm: TinyViT(patch_size=p, norm=n), s.vit_seeds, **s.vit_fit)
                 for p in PATCHES for name, norm in VIT_NORMS.items()}
-    q["refit"] = {(kind, name): _start_stacked(lambda n=norm: models.MLP(64, (128, 128), 1, n), s.many, workers, device,
+    if "refit" in sections:
+        q["refit"] = {(kind, name): _start_stacked(lambda n=norm: models.MLP(64, (128, 128), 1, n), s.many, workers, device,
                                                targets=targets, **s.refit)
                   for kind, targets in s.targets.items() for name, norm in REFIT_NORMS.items()}
     ddi_x = s.pixels_train[0][:512]  # the first 512 training digits: the data-dependent initialization's batch
-    q["mlp"] = {arm: stacked_classifier(lambda a=arm: make_mlp(a, ddi_x), s.many, **s.mlp_fit) for arm in MLP_ARMS}
+    if "mlp" in sections:
+        q["mlp"] = {arm: stacked_classifier(lambda a=arm: make_mlp(a, ddi_x), s.many, **s.mlp_fit) for arm in MLP_ARMS}
     return q
 
 
@@ -191,9 +204,9 @@ def jobs_line(queued: Mapping[str, Mapping]) -> str:
 
 
 def learning_rates(s: Setup) -> str:
-    """The one learning rate each experiment trains with, as a line of text."""
-    rates = {"graphs": s.graph_fit["lr"], "ViT": s.vit_fit["lr"], "refitting": s.refit["lr"],
-             "MLP (SGD)": s.mlp_fit["lr"], "LSTM (Adam)": s.lstm_fit["lr"]}
+    """The one learning rate each experiment the chapter trains live trains with, as a line of
+    text (section 5's MLP and LSTM: their grid in :data:`SWEEP_RATES`)."""
+    rates = {"graphs": s.graph_fit["lr"], "ViT": s.vit_fit["lr"], "refitting": s.refit["lr"]}
     return "learning rates: " + ", ".join(f"{name} {lr:g}" for name, lr in rates.items())
 
 
@@ -332,7 +345,7 @@ def dots_and_intervals(ax, groups: Mapping[str, Sequence[float]], xlabel: str, c
 
 
 NETS = {"mlp": "MLP", "lstm": "LSTM"}
-SWEEP_RATES = {"mlp": (0.03, 0.1, 0.3), "lstm": (3e-3, 1e-2, 3e-2)}  # a 3-point grid around each network's chapter rate
+SWEEP_RATES = {"mlp": (0.01, 0.03, 0.1, 0.3), "lstm": (1e-3, 3e-3, 1e-2, 3e-2, 0.1)}  # around each network's chapter rate (0.1; 0.01)
 
 
 def norm_sweep_data() -> dict[str, dict[str, tuple]]:
@@ -392,3 +405,239 @@ def train_norm_arm(net: str, arm: str, lrs: Sequence[float], seed_list: Sequence
             "loss": np.array([np.reshape(h.step_loss, (epochs, per_epoch)).mean(1) for h in hist]),
             "to_loss_1": np.array([np.nan if r is None else r for r in reached_at], dtype=float),
             "per_epoch": np.array(per_epoch)}
+
+
+# section 5's questions: one table, and one Holm family, each (its comparisons in both networks, on both measures)
+QUESTIONS = {
+    "the gradients through the statistics (Xu et al.)": [("detach", "layer")],
+    "the gain and bias (Xu et al.)": [("layer_simple", "layer"), ("adanorm", "layer"), ("adanorm", "layer_simple"),
+                                      ("adanorm_c2", "layer"), ("adanorm_c2", "adanorm")],
+    "LayerNorm against no norm": [("layer", "none")],
+    "replacing LayerNorm": [("rms", "layer"), ("group4", "layer"), ("dyt", "layer")],
+    "weight normalization and its initialization (Salimans and Kingma)": [("weight", "none"), ("weight_ddi", "none"),
+                                                                          ("weight_ddi", "weight"), ("ddi", "none"),
+                                                                          ("weight_ddi", "ddi")],
+    "BatchNorm against the per-example norms": [("batch", n) for n in NORMS if n not in ("batch", "none")],
+}
+ABBR = {"none": "none", "batch": "BN", "layer": "LN", "layer_simple": "LN-simple", "group4": "GroupNorm", "weight": "WN",
+        "rms": "RMSNorm", "dyt": "DyT", "detach": "DetachNorm", "adanorm": "AdaNorm", "adanorm_c2": "AdaNorm C=2",
+        "weight_ddi": "WN+DDI", "ddi": "DDI"}  # each arm's short name, for tables narrow enough to read
+
+
+@dataclass
+class NormSweep:
+    """The stored norm sweep of ``benchmarks/norm_sweep.py`` (:func:`stored_norm_sweep`), keyed by
+    ``(net, arm, lr)``: ``loss``, ``val``, ``test``, per seed and epoch ``(S, epochs[net])``, the
+    epoch's mean training loss and the validation and test accuracy after it; ``to_loss_1``,
+    the update at which the 10-update mean loss first fell below 1.0, ``nan`` when never
+    ``(S,)``. ``per_epoch[net]``: updates per epoch. Seeds ascending; ``provenance``: machine,
+    commit, date, command, versions and setting."""
+
+    provenance: list[str]
+    seeds: list[int]
+    arms: dict[str, list[str]]
+    lrs: dict[str, list[float]]
+    epochs: dict[str, int]
+    per_epoch: dict[str, int]
+    loss: dict[tuple[str, str, float], np.ndarray]
+    val: dict[tuple[str, str, float], np.ndarray]
+    test: dict[tuple[str, str, float], np.ndarray]
+    to_loss_1: dict[tuple[str, str, float], np.ndarray]
+
+    def epoch_near(self, net: str, updates: int) -> int:
+        """The stored epoch whose budget in updates is nearest ``updates`` (the earlier on a tie)."""
+        check_positive_int(updates, "updates")
+        return min(range(1, self.epochs[net] + 1), key=lambda e: abs(e * self.per_epoch[net] - updates))
+
+    def select(self, net: str, epoch: int) -> tuple[dict[str, float], dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Each arm of ``net`` at its rate chosen on the mean validation accuracy after ``epoch``
+        (:func:`lnbook.compare.select`): ``(rate, test accuracy (S,), updates to loss 1.0 (S,))``
+        per arm, the updates counted up to ``epoch``'s budget (a run that never got there counts
+        as the budget: a lower bound, in its favour)."""
+        from .compare import select
+
+        if net not in self.arms:
+            raise ValueError(f"net must be one of {list(self.arms)}, got {describe(net)}")
+        if not isinstance(epoch, int) or not 1 <= epoch <= self.epochs[net]:
+            raise ValueError(f"epoch must be an int in 1..{self.epochs[net]}, got {describe(epoch)}")
+        chosen = select({a: {lr: self.val[net, a, lr][:, epoch - 1] for lr in self.lrs[net]} for a in self.arms[net]},
+                        lambda a, lr: self.test[net, a, lr][:, epoch - 1])
+        budget = epoch * self.per_epoch[net]
+        reached = {a: np.nan_to_num(self.to_loss_1[net, a, lr], nan=budget).clip(max=budget)
+                   for a, lr in chosen.setting.items()}
+        return dict(chosen.setting), chosen.test, reached
+
+    def at_edge(self, net: str, epoch: int) -> list[str]:
+        """The arms of ``net`` whose rate chosen after ``epoch`` is the lowest or highest of the grid."""
+        return at_grid_edge(self.select(net, epoch)[0], self.lrs[net])
+
+
+def stored_norm_sweep(folder: str | Path | None = None) -> NormSweep:
+    """The norm sweep that chapter 09 cannot afford to train, read from the files
+    ``benchmarks/norm_sweep.py`` wrote into ``lnbook/results/`` (installed with the package;
+    ``folder``: another folder the script wrote into), checked for completeness: every arm of
+    each network at every rate holds every seed and epoch."""
+    from .batchnorm_study import per_seed
+    from .graphs import _read_csv
+
+    if folder is not None and not isinstance(folder, (str, Path)):
+        raise TypeError(f"folder must be a path or None, got {describe(folder)}")
+    provenance, final_rows = _read_csv(folder, "norm_sweep-final.csv")
+    seed_list, final = per_seed(final_rows, lambda r: (r["net"], r["arm"], float(r["lr"])), "norm sweep")
+    arms = {n: list(dict.fromkeys(k[1] for k in final if k[0] == n)) for n in dict.fromkeys(k[0] for k in final)}
+    lrs = {n: sorted({k[2] for k in final if k[0] == n}) for n in arms}
+    if set(final) != {(n, a, lr) for n in arms for a in arms[n] for lr in lrs[n]}:
+        raise ValueError("the stored norm sweep does not hold every arm at every rate")
+    rows: dict[tuple[str, str, float], dict[int, list[dict[str, str]]]] = {}
+    for r in _read_csv(folder, "norm_sweep-curves.csv")[1]:
+        rows.setdefault((r["net"], r["arm"], float(r["lr"])), {}).setdefault(int(r["seed"]), []).append(r)
+    epochs = {n: max(len(rows.get((n, arms[n][0], lrs[n][0]), {}).get(seed_list[0], [])), 1) for n in arms}
+    if set(rows) != set(final):
+        raise ValueError("the stored norm sweep's curves do not hold every arm at every rate")
+    for key, by_seed in rows.items():
+        if sorted(by_seed) != seed_list or any([int(r["epoch"]) for r in by_seed[s]] != list(range(1, epochs[key[0]] + 1))
+                                               for s in seed_list):
+            raise ValueError(f"the stored norm sweep's curves for {key} do not hold every seed and epoch")
+
+    def column(name: str) -> dict[tuple[str, str, float], np.ndarray]:
+        return {k: np.array([[float(r[name]) for r in by_seed[s]] for s in seed_list]) for k, by_seed in rows.items()}
+
+    first = {n: rows[n, arms[n][0], lrs[n][0]][seed_list[0]][0] for n in arms}
+    return NormSweep(provenance=provenance, seeds=seed_list, arms=arms, lrs=lrs, epochs=epochs,
+                     per_epoch={n: int(r["updates"]) for n, r in first.items()},
+                     loss=column("train_loss"), val=column("val_acc"), test=column("test_acc"),
+                     to_loss_1={k: np.array([float(g[s]["to_loss_1"] or "nan") for s in seed_list]) for k, g in final.items()})
+
+
+def norm_family(pairs: Sequence[tuple[str, str]], values: Mapping[tuple[str, str], Sequence[float]], higher: bool,
+                digits: int) -> Comparisons:
+    """One family of section 5: each pair ``(arm a, arm b)`` in each network that ran both
+    (``values[(net, arm)]``: per-seed results; the data-dependent initialization: the MLP only),
+    paired by seed, named ``"LayerNorm (MLP)"`` and so on."""
+    keys = [(kind, net, a, b) for kind, net in NETS.items() for a, b in pairs if (kind, a) in values and (kind, b) in values]
+    if not keys:
+        raise ValueError(f"values must hold both arms of a pair in some network, got {describe(values)}")
+    arms = {f"{ARMS[n]} ({net})": values[kind, n] for kind, net, a, b in keys for n in (a, b)}
+    return compare(arms, pairs=[(f"{ARMS[a]} ({net})", f"{ARMS[b]} ({net})") for _, net, a, b in keys],
+                   higher=higher, digits=digits)
+
+
+def cell(c: object) -> list[str]:
+    """A comparison of section 5 as three table cells: its difference [95% CI], Holm's p and the
+    verdict in the arms' short names (:data:`ABBR`, no network): ``"BN beats LN"``."""
+    if not all(hasattr(c, k) for k in ("interval", "p_holm", "winner", "a", "b")):
+        raise TypeError(f"c must be a Comparison, got {describe(c)}")
+    p = "<0.001" if c.p_holm < 0.001 else f"{c.p_holm:.3f}"
+    short = {label: ABBR[arm] for arm, label in ARMS.items()}
+
+    def name(label: str) -> str:
+        return short[label.rsplit(" (", 1)[0]]
+
+    won = "no difference measured" if c.winner is None else f"{name(c.winner)} beats {name(c.b if c.winner == c.a else c.a)}"
+    return [c.interval, p, won]
+
+
+def norm_questions(final: Mapping[tuple[str, str], Sequence[float]],
+                   reached: Mapping[tuple[str, str], Sequence[float]]) -> dict[str, Comparisons]:
+    """Section 5's tables, one per question of :data:`QUESTIONS`, each one family over both
+    networks and both measures (:func:`lnbook.compare.by_measure`): ``"accuracy"`` from
+    ``final[(net, arm)]`` (higher is better) and ``"updates"`` to loss 1.0 from ``reached``
+    (lower is better), per seed."""
+    return {q: by_measure({"accuracy": norm_family(pairs, final, True, 3), "updates": norm_family(pairs, reached, False, 1)})
+            for q, pairs in QUESTIONS.items()}
+
+
+def question_table(table: Comparisons, question: str, final: Mapping[tuple[str, str], Sequence[float]]) -> Table:
+    """One question's table of :func:`norm_questions` as rows: comparison (short names,
+    :data:`ABBR`), network, and for each measure (final test accuracy; updates to loss 1.0)
+    the difference [95% CI], Holm's p and the verdict."""
+    rows = []
+    for a, b in QUESTIONS[question]:
+        for kind, net in NETS.items():
+            if (kind, a) in final and (kind, b) in final:
+                key = (f"{ARMS[a]} ({net})", f"{ARMS[b]} ({net})")
+                rows.append([f"{ABBR[a]} − {ABBR[b]}", net,
+                             *cell(table["accuracy"][key]), *cell(table["updates"][key])])
+    return Table(["comparison", "net", "accuracy: a − b [95% CI]", "p (Holm)", "verdict", "updates: a − b [95% CI]",
+                  "p (Holm)", "verdict"], rows)
+
+
+def net_verdicts(tables: Mapping[str, Comparisons], net: str) -> str:
+    """Section 6's verdicts for one network (``"MLP"`` or ``"LSTM"``) from :func:`norm_questions`'
+    accuracy tables: BatchNorm against LayerNorm, and LayerNorm against no norm."""
+    if net not in NETS.values():
+        raise ValueError(f"net must be one of {list(NETS.values())}, got {describe(net)}")
+    bn, ln = tables["BatchNorm against the per-example norms"]["accuracy"], tables["LayerNorm against no norm"]["accuracy"]
+    return (said(bn, f"BatchNorm ({net})", f"LayerNorm ({net})", "BN", "LN") + "; "
+            + said(ln, f"LayerNorm ({net})", f"no norm ({net})", "LN", "none"))
+
+
+def active_units(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """For each member of a stacked MLP (``models.MLP`` through :func:`lnbook.seeds.stack`) and
+    each hidden layer, the smallest number of active ReLU units over the inputs ``x (N, D)``:
+    ``(members, layers)``."""
+    s = seeds.members(model)
+    if s is None or not hasattr(model, "net"):
+        raise TypeError(f"model must be a stacked models.MLP, got {describe(model)}")
+    if not isinstance(x, torch.Tensor) or x.ndim != 2:
+        raise ValueError(f"x must be a tensor (N, D), got {describe(x)}")
+    smallest, h = [], x.expand(s, *x.shape)
+    with torch.no_grad():
+        for layer in model.net[:-1]:
+            h = layer(h)
+            if isinstance(layer, nn.ReLU):
+                smallest.append((h > 0).sum(-1).min(-1).values)  # (members,): the fewest active units on any input
+    return torch.stack(smallest, 1)
+
+
+def changed_verdicts(short: Mapping[str, Comparisons], long: Mapping[str, Comparisons],
+                     final: Mapping[tuple[str, str], Sequence[float]]) -> list[list[str]]:
+    """The comparisons of section 5 whose verdict differs between two budgets' tables of
+    :func:`norm_questions` (``final``: the arms that ran, ``(net, arm)``), as rows: the
+    comparison with its network and measure, then each budget's verdict and difference [95% CI]."""
+    rows = []
+    for q, pairs in QUESTIONS.items():
+        for a, b in pairs:
+            for net, name in NETS.items():
+                if (net, a) not in final or (net, b) not in final:
+                    continue
+                key = (f"{ARMS[a]} ({name})", f"{ARMS[b]} ({name})")
+                for measure in ("accuracy", "updates"):
+                    cs = [tables[q][measure][key] for tables in (short, long)]
+                    if cs[0].winner != cs[1].winner:
+                        rows.append([f"{ABBR[a]} − {ABBR[b]} ({name}, {measure})",
+                                     *(f"{cell(c)[2]}, {c.interval}" for c in cs)])
+    return rows
+
+
+def epochs_to(curves: np.ndarray, level: float) -> np.ndarray:
+    """Per run, the first epoch whose mean training loss is below ``level``, from ``curves (S,
+    epochs)``; a run that never gets there counts as its number of epochs (a lower bound, in
+    its favour): ``(S,)``, how fast each run fits, counted in epochs."""
+    c = np.asarray(curves, dtype=float)
+    if c.ndim != 2 or c.shape[1] == 0:
+        raise ValueError(f"curves must be a (runs, epochs) array, got {describe(curves)}")
+    if not isinstance(level, (int, float)) or isinstance(level, bool) or not level > 0:
+        raise ValueError(f"level must be a positive number, got {describe(level)}")
+    below = c < level
+    return np.where(below.any(1), below.argmax(1) + 1, c.shape[1]).astype(float)
+
+
+def learned_alpha(model: nn.Module) -> list[float]:
+    """The mean over features of each GraphNorm layer's learned mean scale alpha (PyG's
+    ``mean_scale``) in ``model`` (a :class:`lnbook.graphs.GraphNet` with GraphNorm), one per layer."""
+    from torch_geometric.nn import GraphNorm
+
+    found = [m.mean_scale.mean().item() for m in model.modules() if isinstance(m, GraphNorm)]
+    if not found:
+        raise ValueError(f"model must hold GraphNorm layers, got {describe(model)}")
+    return found
+
+
+def at_grid_edge(setting: Mapping[str, float], grid: Sequence[float]) -> list[str]:
+    """The arms of a selection (``setting``: arm -> the rate chosen on validation,
+    :class:`lnbook.compare.Selection`'s) whose rate is the lowest or the highest of ``grid``:
+    the grid may not bracket their best rate."""
+    if not grid or not isinstance(setting, Mapping):
+        raise ValueError(f"setting must map arms to rates and grid hold the rates, got {describe(setting)} and {describe(grid)}")
+    return [a for a, lr in setting.items() if lr in (min(grid), max(grid))]
