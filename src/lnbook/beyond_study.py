@@ -477,19 +477,23 @@ def stored_norm_sweep(folder: str | Path | None = None) -> NormSweep:
     ``benchmarks/norm_sweep.py`` wrote into ``lnbook/results/`` (installed with the package;
     ``folder``: another folder the script wrote into), checked for completeness: every arm of
     each network at every rate holds every seed and epoch."""
+    from importlib import resources
+
     from .batchnorm_study import per_seed
-    from .graphs import _read_csv
+    from .utils import stored_rows
 
     if folder is not None and not isinstance(folder, (str, Path)):
         raise TypeError(f"folder must be a path or None, got {describe(folder)}")
-    provenance, final_rows = _read_csv(folder, "norm_sweep-final.csv")
+    where = resources.files("lnbook") / "results" if folder is None else Path(folder)
+    provenance, final_rows = stored_rows(where, "norm_sweep-final.csv", ["net", "arm", "lr", "seed", "to_loss_1"], "norm_sweep.py")
     seed_list, final = per_seed(final_rows, lambda r: (r["net"], r["arm"], float(r["lr"])), "norm sweep")
     arms = {n: list(dict.fromkeys(k[1] for k in final if k[0] == n)) for n in dict.fromkeys(k[0] for k in final)}
     lrs = {n: sorted({k[2] for k in final if k[0] == n}) for n in arms}
     if set(final) != {(n, a, lr) for n in arms for a in arms[n] for lr in lrs[n]}:
         raise ValueError("the stored norm sweep does not hold every arm at every rate")
     rows: dict[tuple[str, str, float], dict[int, list[dict[str, str]]]] = {}
-    for r in _read_csv(folder, "norm_sweep-curves.csv")[1]:
+    curve_columns = ["net", "arm", "lr", "seed", "epoch", "updates", "train_loss", "val_acc", "test_acc"]
+    for r in stored_rows(where, "norm_sweep-curves.csv", curve_columns, "norm_sweep.py")[1]:
         rows.setdefault((r["net"], r["arm"], float(r["lr"])), {}).setdefault(int(r["seed"]), []).append(r)
     epochs = {n: max(len(rows.get((n, arms[n][0], lrs[n][0]), {}).get(seed_list[0], [])), 1) for n in arms}
     if set(rows) != set(final):
