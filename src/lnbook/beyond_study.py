@@ -568,12 +568,14 @@ def question_table(table: Comparisons, question: str, final: Mapping[tuple[str, 
 
 def net_verdicts(tables: Mapping[str, Comparisons], net: str) -> str:
     """Section 6's verdicts for one network (``"MLP"`` or ``"LSTM"``) from :func:`norm_questions`'
-    accuracy tables: BatchNorm against LayerNorm, and LayerNorm against no norm."""
+    accuracy tables: BatchNorm against LayerNorm, LayerNorm against no norm, and DetachNorm and
+    RMSNorm against LayerNorm."""
     if net not in NETS.values():
         raise ValueError(f"net must be one of {list(NETS.values())}, got {describe(net)}")
-    bn, ln = tables["BatchNorm against the per-example norms"]["accuracy"], tables["LayerNorm against no norm"]["accuracy"]
-    return (said(bn, f"BatchNorm ({net})", f"LayerNorm ({net})", "BN", "LN") + "; "
-            + said(ln, f"LayerNorm ({net})", f"no norm ({net})", "LN", "none"))
+    quoted = [("BatchNorm against the per-example norms", "batch", "layer"), ("LayerNorm against no norm", "layer", "none"),
+              ("the gradients through the statistics (Xu et al.)", "detach", "layer"), ("replacing LayerNorm", "rms", "layer")]
+    return "; ".join(said(tables[q]["accuracy"], f"{ARMS[a]} ({net})", f"{ARMS[b]} ({net})", ABBR[a], ABBR[b])
+                     for q, a, b in quoted)
 
 
 def active_units(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
