@@ -562,7 +562,7 @@ def question_table(table: Comparisons, question: str, final: Mapping[tuple[str, 
                 key = (f"{ARMS[a]} ({net})", f"{ARMS[b]} ({net})")
                 rows.append([f"{ABBR[a]} − {ABBR[b]}", net,
                              *cell(table["accuracy"][key]), *cell(table["updates"][key])])
-    return Table(["comparison", "net", "accuracy: a − b [95% CI]", "p (Holm)", "verdict", "updates: a − b [95% CI]",
+    return Table(["comparison", "net", "acc.: a − b [95% CI]", "p (Holm)", "verdict", "updates: a − b [95% CI]",
                   "p (Holm)", "verdict"], rows)
 
 
