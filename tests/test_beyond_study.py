@@ -54,12 +54,11 @@ def test_dqn_updates_counts_the_loop():
         bs.dqn_updates(steps=10, learning_starts=1, train_every=0)
 
 
-def test_updates_and_reached():
+def test_updates_counts_each_runs_updates():
     fast = History(step_loss=[2.0] * 5 + [0.5] * 20)
     slow = History(step_loss=[2.0] * 25)
     assert bs.updates([fast, fast]) == 25
-    assert bs.reached([fast, fast]) == "12 [12, 12]"
-    assert bs.reached([fast, slow]) == "not by 25 in 1 seeds"
+    assert bs.updates([fast, slow]) == 25
     with pytest.raises(ValueError, match="same number"):
         bs.updates([fast, History(step_loss=[1.0])])
     with pytest.raises(TypeError, match="histories"):

@@ -12,8 +12,13 @@ chapter's DQN and streaming agents are stored runs of ``benchmarks/dqn_rl.py`` a
 :func:`lnbook.rl.stored_stream_run`.)
 
 The rest reads the results: :func:`updates` (the budget of a run, in optimizer updates),
-:func:`reached`, :func:`mean`, :func:`vit_compare`, :func:`batch_mate_effect`,
+:func:`mean`, :func:`vit_compare`, :func:`batch_mate_effect`,
 :func:`vit_accuracy` and :func:`said` (one comparison's verdict as the closing table quotes it).
+
+Section 5's MLP and LSTM are a stored sweep (``benchmarks/norm_sweep.py``): :func:`train_norm_arm`
+trains one arm at every rate and seed, :func:`stored_norm_sweep` reads the sweep, and
+:func:`norm_questions`, :func:`question_table` and :func:`changed_verdicts` make the section's
+tables, one Holm family per question of :data:`QUESTIONS`.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from . import data, graphs, models, norms, rl, rnn, seeds, train
 from ._checks import check_bool, check_positive_int, describe
 from .compare import Comparisons, by_measure, compare
 from .transformer import TinyViT
-from .utils import Table, ci, seed_everything
+from .utils import Table, seed_everything
 
 GRAPH_NORMS = {"no norm": "none", "BatchNorm": "batch", "LayerNorm, node": "layer_node",
                "LayerNorm, graph": "layer_graph", "GraphNorm": "graph"}
@@ -252,15 +257,6 @@ def mean(values: Sequence[float], digits: int = 3) -> str:
     if v.ndim != 1 or len(v) == 0:
         raise ValueError(f"values must be a non-empty 1-D sequence of numbers, got {describe(values)}")
     return f"{v.mean():.{digits}f}"
-
-
-def reached(histories: Sequence[train.History], level: float = 1.0) -> str:
-    """Updates until the 10-update mean of the training loss falls below ``level``, as ``mean
-    [95% CI]`` over the runs; ``"not by N in k seeds"`` when k runs never got there in their N."""
-    steps = [train.updates_to(h, level) for h in histories]
-    if None in steps:
-        return f"not by {updates(histories)} in {steps.count(None)} seeds"
-    return ci(steps, digits=0)
 
 
 def vit_compare(acc: Mapping[tuple[int, str], Sequence[float]]) -> Comparisons:
