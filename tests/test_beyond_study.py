@@ -156,11 +156,16 @@ def test_norm_questions_tables_and_verdicts():
     final = {(k, a): rng.normal(0.9 + (0.05 if a == "batch" else 0), 0.01, 6) for k in ("mlp", "lstm")
              for a in (bs.MLP_ARMS if k == "mlp" else bs.LSTM_ARMS)}
     reached = {key: rng.normal(30, 1, 6) for key in final}
-    tables = bs.norm_questions(final, reached)
+    reached["mlp", "layer"] = reached["mlp", "none"] - 10  # LN reaches loss 1.0 ten updates sooner, in every seed
+    tables = bs.norm_questions(final)
     assert list(tables) == list(bs.QUESTIONS)
-    assert len(tables["weight normalization and its initialization (Salimans and Kingma)"]) == 2 * 6  # DDI: MLP only
+    assert len(tables["weight normalization and its initialization (Salimans and Kingma)"]) == 6  # DDI: MLP only
     assert bs.net_verdicts(tables, "MLP").startswith("BN beats LN")
-    table = bs.question_table(tables["BatchNorm against the per-example norms"], "BatchNorm against the per-example norms", final)
+    speed = bs.norm_speed(reached)  # one family of its own, over every question's pairs
+    assert len(speed) == sum(len(t) for t in tables.values())
+    assert speed["LayerNorm against no norm"]["LayerNorm (MLP)", "no norm (MLP)"].winner == "LayerNorm (MLP)"
+    table = bs.question_table(tables["BatchNorm against the per-example norms"], "BatchNorm against the per-example norms",
+                              final, speed)
     assert len(table.rows) == 16 and all(len(r) == 8 for r in table.rows)
     assert max(len(str(table).splitlines()[0]), *(len(line) for line in str(table).splitlines())) <= 150
     with pytest.raises(ValueError, match="net"):
@@ -204,3 +209,29 @@ def test_at_grid_edge_flags_the_lowest_and_highest_rate():
     assert bs.at_grid_edge({"a": 0.01, "b": 0.1, "c": 1.0}, [0.01, 0.1, 1.0]) == ["a", "c"]
     with pytest.raises(ValueError, match="grid"):
         bs.at_grid_edge({"a": 0.01}, [])
+
+
+def test_named_table_span_and_q_check():
+    from lnbook import rl
+    from lnbook.compare import select
+
+    sel = select({"layer_node": {0.1: [0.5, 0.6], 0.3: [0.4, 0.5]}, "none": {0.1: [0.2, 0.3], 0.3: [0.9, 0.9]}},
+                 lambda a, lr: [1.0, 2.0], higher=False)
+    table = bs.named_table(sel, {"layer_node": "LayerNorm, node", "none": "no norm"}, "validation MSE ÷ 0.5", "test", scale=0.5)
+    assert [r[:3] for r in table.rows] == [["LayerNorm, node", "0.3", "0.900"], ["no norm", "0.1", "0.500"]]
+    with pytest.raises(ValueError, match="names"):
+        bs.named_table(sel, {"none": "no norm"}, "v", "t")
+    with pytest.raises(TypeError, match="selection"):
+        bs.named_table({}, {}, "v", "t")
+    assert bs.span([0.0, 0.002, 0.004]) == "0.002 [0.000, 0.004]"
+    with pytest.raises(ValueError, match="values"):
+        bs.span([])
+    model = rl.stream_agents("none", [0, 1])
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        model.net[-1].bias[0, 0] = 5.0  # agent 0 prefers action 0 everywhere, with Q = 5
+    big, share = bs.q_check(model, torch.randn(8, 4))
+    assert big.tolist() == [5.0, 0.0] and share[0] == 1.0
+    with pytest.raises(ValueError, match="states"):
+        bs.q_check(model, torch.randn(4))

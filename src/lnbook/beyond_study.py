@@ -37,7 +37,7 @@ from . import data, graphs, models, norms, rl, rnn, seeds, train
 from ._checks import check_bool, check_positive_int, describe
 from .compare import Comparisons, by_measure, compare
 from .transformer import TinyViT
-from .utils import Table, seed_everything
+from .utils import Table, ci, seed_everything
 
 GRAPH_NORMS = {"no norm": "none", "BatchNorm": "batch", "LayerNorm, node": "layer_node",
                "LayerNorm, graph": "layer_graph", "GraphNorm": "graph"}
@@ -341,6 +341,7 @@ def dots_and_intervals(ax, groups: Mapping[str, Sequence[float]], xlabel: str, c
 
 
 NETS = {"mlp": "MLP", "lstm": "LSTM"}
+SHARED_RATE = {"mlp": 0.1, "lstm": 0.01}  # the chapter's rate of each network: speed is read with every arm at it
 SWEEP_RATES = {"mlp": (0.01, 0.03, 0.1, 0.3), "lstm": (1e-3, 3e-3, 1e-2, 3e-2, 0.1)}  # around each network's chapter rate (0.1; 0.01)
 
 
@@ -463,6 +464,19 @@ class NormSweep:
                    for a, lr in chosen.setting.items()}
         return dict(chosen.setting), chosen.test, reached
 
+    def reached(self, net: str, lr: float, epoch: int) -> dict[str, np.ndarray]:
+        """Every arm of ``net`` at one rate ``lr`` of the grid (not the rate chosen for accuracy):
+        the update at which its 10-update mean loss first fell below 1.0, per seed ``(S,)``,
+        counted up to ``epoch``'s budget (a run that never got there counts as the budget)."""
+        if net not in self.arms:
+            raise ValueError(f"net must be one of {list(self.arms)}, got {describe(net)}")
+        if lr not in self.lrs[net]:
+            raise ValueError(f"lr must be one of {self.lrs[net]}, got {describe(lr)}")
+        if not isinstance(epoch, int) or not 1 <= epoch <= self.epochs[net]:
+            raise ValueError(f"epoch must be an int in 1..{self.epochs[net]}, got {describe(epoch)}")
+        budget = epoch * self.per_epoch[net]
+        return {a: np.nan_to_num(self.to_loss_1[net, a, lr], nan=budget).clip(max=budget) for a in self.arms[net]}
+
     def at_edge(self, net: str, epoch: int) -> list[str]:
         """The arms of ``net`` whose rate chosen after ``epoch`` is the lowest or highest of the grid."""
         return at_grid_edge(self.select(net, epoch)[0], self.lrs[net])
@@ -537,28 +551,34 @@ def cell(c: object) -> list[str]:
     return [c.interval, p, won]
 
 
-def norm_questions(final: Mapping[tuple[str, str], Sequence[float]],
-                   reached: Mapping[tuple[str, str], Sequence[float]]) -> dict[str, Comparisons]:
-    """Section 5's tables, one per question of :data:`QUESTIONS`, each one family over both
-    networks and both measures (:func:`lnbook.compare.by_measure`): ``"accuracy"`` from
-    ``final[(net, arm)]`` (higher is better) and ``"updates"`` to loss 1.0 from ``reached``
-    (lower is better), per seed."""
-    return {q: by_measure({"accuracy": norm_family(pairs, final, True, 3), "updates": norm_family(pairs, reached, False, 1)})
-            for q, pairs in QUESTIONS.items()}
+def norm_questions(final: Mapping[tuple[str, str], Sequence[float]]) -> dict[str, Comparisons]:
+    """Section 5's accuracy verdicts, one Holm family per question of :data:`QUESTIONS` over
+    both networks (``final[(net, arm)]``: per-seed test accuracy, higher is better), each
+    readable as ``result[question]["accuracy"]`` (:func:`lnbook.compare.by_measure`)."""
+    return {q: by_measure({"accuracy": norm_family(pairs, final, True, 3)}) for q, pairs in QUESTIONS.items()}
 
 
-def question_table(table: Comparisons, question: str, final: Mapping[tuple[str, str], Sequence[float]]) -> Table:
-    """One question's table of :func:`norm_questions` as rows: comparison (short names,
-    :data:`ABBR`), network, and for each measure (final test accuracy; updates to loss 1.0)
-    the difference [95% CI], Holm's p and the verdict."""
+def norm_speed(reached: Mapping[tuple[str, str], Sequence[float]]) -> Comparisons:
+    """Section 5's speed comparisons, the pairs of every question of :data:`QUESTIONS` in both
+    networks as one Holm family of their own (``reached[(net, arm)]``: per-seed updates to loss
+    1.0 with every arm at one shared rate, :meth:`NormSweep.reached`; lower is better), read as
+    ``result[question][pair]``."""
+    return by_measure({q: norm_family(pairs, reached, False, 1) for q, pairs in QUESTIONS.items()})
+
+
+def question_table(table: Comparisons, question: str, final: Mapping[tuple[str, str], Sequence[float]],
+                   speed: Comparisons) -> Table:
+    """One question's rows: comparison (short names, :data:`ABBR`), network, then the test
+    accuracy's difference [95% CI], Holm's p and verdict from :func:`norm_questions`' ``table``,
+    then the same for updates to loss 1.0 at the shared rate from :func:`norm_speed`'s ``speed``
+    (its own family)."""
     rows = []
     for a, b in QUESTIONS[question]:
         for kind, net in NETS.items():
             if (kind, a) in final and (kind, b) in final:
                 key = (f"{ARMS[a]} ({net})", f"{ARMS[b]} ({net})")
-                rows.append([f"{ABBR[a]} − {ABBR[b]}", net,
-                             *cell(table["accuracy"][key]), *cell(table["updates"][key])])
-    return Table(["comparison", "net", "acc.: a − b [95% CI]", "p (Holm)", "verdict", "updates: a − b [95% CI]",
+                rows.append([f"{ABBR[a]} − {ABBR[b]}", net, *cell(table["accuracy"][key]), *cell(speed[question][key])])
+    return Table(["comparison", "net", "acc.: a − b [95% CI]", "p (Holm)", "verdict", "updates, shared rate [95% CI]",
                   "p (Holm)", "verdict"], rows)
 
 
@@ -594,9 +614,9 @@ def active_units(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def changed_verdicts(short: Mapping[str, Comparisons], long: Mapping[str, Comparisons],
                      final: Mapping[tuple[str, str], Sequence[float]]) -> list[list[str]]:
-    """The comparisons of section 5 whose verdict differs between two budgets' tables of
-    :func:`norm_questions` (``final``: the arms that ran, ``(net, arm)``), as rows: the
-    comparison with its network and measure, then each budget's verdict and difference [95% CI]."""
+    """The comparisons of section 5 whose accuracy verdict differs between two budgets' tables
+    of :func:`norm_questions` (``final``: the arms that ran, ``(net, arm)``), as rows: the
+    comparison with its network, then each budget's verdict and difference [95% CI]."""
     rows = []
     for q, pairs in QUESTIONS.items():
         for a, b in pairs:
@@ -604,11 +624,9 @@ def changed_verdicts(short: Mapping[str, Comparisons], long: Mapping[str, Compar
                 if (net, a) not in final or (net, b) not in final:
                     continue
                 key = (f"{ARMS[a]} ({name})", f"{ARMS[b]} ({name})")
-                for measure in ("accuracy", "updates"):
-                    cs = [tables[q][measure][key] for tables in (short, long)]
-                    if cs[0].winner != cs[1].winner:
-                        rows.append([f"{ABBR[a]} − {ABBR[b]} ({name}, {measure})",
-                                     *(f"{cell(c)[2]}, {c.interval}" for c in cs)])
+                cs = [tables[q]["accuracy"][key] for tables in (short, long)]
+                if cs[0].winner != cs[1].winner:
+                    rows.append([f"{ABBR[a]} − {ABBR[b]} ({name})", *(f"{cell(c)[2]}, {c.interval}" for c in cs)])
     return rows
 
 
@@ -643,3 +661,46 @@ def at_grid_edge(setting: Mapping[str, float], grid: Sequence[float]) -> list[st
     if not grid or not isinstance(setting, Mapping):
         raise ValueError(f"setting must map arms to rates and grid hold the rates, got {describe(setting)} and {describe(grid)}")
     return [a for a, lr in setting.items() if lr in (min(grid), max(grid))]
+
+
+def named_table(selection: object, names: Mapping[str, str], validation: str, test: str, scale: float = 1.0,
+                digits: int = 3) -> Table:
+    """A :class:`lnbook.compare.Selection` as a table in the chapter's names (``names``: package
+    key -> name): arm, the rate chosen on validation, the mean validation result divided by
+    ``scale`` (headed ``validation``, which names its unit) and the test result at that rate
+    [95% CI] (headed ``test``)."""
+    if not all(hasattr(selection, k) for k in ("setting", "validation", "test")):
+        raise TypeError(f"selection must be a compare.Selection, got {describe(selection)}")
+    if not isinstance(names, Mapping) or set(selection.setting) - set(names):
+        raise ValueError(f"names must name every arm of the selection, got {describe(names)}")
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not scale > 0:
+        raise ValueError(f"scale must be a positive number, got {describe(scale)}")
+    return Table(["arm", "rate chosen on validation", validation, test],
+                 [[names[a], f"{lr:g}", f"{selection.validation[a] / scale:.{digits}f}", ci(selection.test[a], digits)]
+                  for a, lr in selection.setting.items()])
+
+
+def span(values: Sequence[float], digits: int = 3) -> str:
+    """The mean of a non-negative per-seed quantity with the smallest and largest seed's value,
+    ``"mean [min, max]"`` (a t-interval there could reach below 0)."""
+    v = np.asarray(values, dtype=float)
+    if v.ndim != 1 or v.size == 0 or not np.isfinite(v).all():
+        raise ValueError(f"values must be a non-empty 1-d sequence of finite numbers, got {describe(values)}")
+    return f"{v.mean():.{digits}f} [{v.min():.{digits}f}, {v.max():.{digits}f}]"
+
+
+def q_check(model: nn.Module, states: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """For stacked Q-networks (:func:`lnbook.rl.stream_agents`, ``A`` agents) on the same
+    ``states (N, obs)``: the largest |Q| of each agent over the states and actions ``(A,)``,
+    and the share of the states on which the agent's greedy action is its most frequent one
+    ``(A,)`` (1: the policy has collapsed onto one action)."""
+    s = seeds.members(model)
+    if s is None:
+        raise TypeError(f"model must be stacked Q-networks (rl.stream_agents), got {describe(model)}")
+    if not isinstance(states, torch.Tensor) or states.ndim != 2:
+        raise ValueError(f"states must be a tensor (N, obs), got {describe(states)}")
+    with torch.no_grad():
+        q = model(states.expand(s, *states.shape))  # (A, N, actions)
+    greedy = q.argmax(-1)  # (A, N)
+    share = np.array([np.bincount(g.numpy(), minlength=q.shape[-1]).max() / len(g) for g in greedy])
+    return q.abs().amax((1, 2)).numpy(), share
