@@ -1,5 +1,5 @@
 """Chapter 09's section 5, the ten norms on one MLP and one LSTM, with each arm at its own best
-learning rate of a grid (``lnbook.beyond_study.SWEEP_RATES``: SGD 0.01 to 0.3 for the MLP, Adam
+learning rate of a grid (``lnbook.beyond_study.SWEEP_RATES``: SGD 0.003 to 0.3 for the MLP, Adam
 0.001 to 0.1 for the LSTM) chosen on validation, and trained four times the epochs the chapter
 could afford.
 

@@ -37,3 +37,9 @@ def test_smoke_run_is_read_back_complete_with_provenance(tmp_path):
     (tmp_path / "norm_sweep-final.csv").write_text("\n".join((tmp_path / "norm_sweep-final.csv").read_text().splitlines()[:-1]))
     with pytest.raises(ValueError, match="every"):
         beyond_study.stored_norm_sweep(tmp_path)
+
+
+def test_shipped_sweep_holds_the_grid_of_sweep_rates():
+    sweep = beyond_study.stored_norm_sweep()
+    assert sweep.lrs == {n: list(beyond_study.SWEEP_RATES[n]) for n in ("lstm", "mlp")}
+    assert sweep.seeds == list(range(10)) and sweep.epochs == {"lstm": 12, "mlp": 20}
