@@ -13,8 +13,9 @@ without gradient: the regime where Gallici et al. (2024, PQN) find LayerNorm mak
 stable). Every arm runs every learning rate of ``--lrs`` on the validation seeds 100, 101, ...
 (one stack per arm, ``lnbook.rl.dqn_job``); each arm's rate is chosen on validation (the highest
 mean greedy return over the last evaluations), and only that rate runs on the test seeds 0, 1,
-... (one stack). Greedy evaluations: 3 episodes per agent from fixed starts. Two worker processes of one
-thread each. It writes, with provenance as leading ``#`` lines:
+... (one stack; ``--test-seeds 0`` runs validation only, as for rates added to a stored grid).
+Greedy evaluations: 3 episodes per agent from fixed starts. Two worker processes of one thread
+each. It writes, with provenance as leading ``#`` lines:
 
 - ``dqn_rl-final.csv``: split, norm, regime, lr, seed, the mean greedy return over the last
   ``--last-evals`` evaluations, the mean return of the training episodes that ended in the same
@@ -81,7 +82,7 @@ def main() -> None:
         print(f"validation {arm}: " + ", ".join(f"lr {lr:g} {v.mean():.1f}" for lr, v in validation[':'.join(arm)].items()),
               f"({time.perf_counter() - start:.0f} s so far)", flush=True)
     chosen = compare.select(validation, lambda arm, lr: [0.0], higher=True).setting
-    tested = run([(n, r, [chosen[f"{n}:{r}"]], test_seeds, args.steps, args.every) for n, r in arms])
+    tested = run([(n, r, [chosen[f"{n}:{r}"]], test_seeds, args.steps, args.every) for n, r in arms]) if test_seeds else []
     for arm, (rates, members, history) in zip(arms, tested):
         greedy = record("test", arm, rates, members, history)
         print(f"test {arm} at lr {rates[0]:g}: greedy {greedy.mean():.1f} (mean over seeds)", flush=True)

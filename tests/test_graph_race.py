@@ -41,8 +41,9 @@ def test_smoke_run_is_read_back_complete_with_provenance(tmp_path):
 def test_stored_race_holds_every_norm_rate_and_seed(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # read from the installed package, not from a path relative to notebooks/
     race = graphs.stored_graph_race()
-    assert race.norms == list(graphs.NORMS) and race.lrs == [0.001, 0.003, 0.01] and race.seeds == list(range(5))
+    assert race.norms == list(graphs.NORMS) and race.lrs == [0.001, 0.003, 0.01, 0.03] and race.seeds == list(range(5))
     assert any("placement='main'" in line for line in race.provenance)
+    assert any(line.startswith("merged: ") for line in race.provenance)  # the 0.03 run, added to the first run's grid
     for key in race.val:
         assert race.train_loss[key].shape == (5, 80) and np.isfinite(race.train_loss[key]).all()
     assert race.lookup["test"] == pytest.approx(0.0046, abs=5e-5)  # the notebook's degree lookup on the same graphs

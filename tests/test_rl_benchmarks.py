@@ -32,6 +32,10 @@ def test_dqn_script_runs_small_and_its_reader_reads_it(tmp_path):
     assert ((greedy >= 8) & (greedy <= 500)).all()
     with pytest.raises(FileNotFoundError, match="dqn_rl"):
         rl.stored_dqn_run(tmp_path / "nowhere")
+    _run(ROOT / "benchmarks" / "dqn_rl.py", "--steps", "120", "--every", "60", "--last-evals", "2", "--val-seeds", "2",
+         "--test-seeds", "0", "--lrs", "1e-2", "--arms", "layer:no target network", "--out", tmp_path / "val_only")
+    val_only = rl.stored_dqn_run(tmp_path / "val_only")  # --test-seeds 0: validation only, as a grid's extra rates ran
+    assert set(val_only.val[arm]) == {1e-2} and val_only.test == {} and val_only.test_seeds == []
 
 
 def test_plasticity_script_runs_small_and_its_reader_reads_it(tmp_path):
@@ -66,8 +70,13 @@ def test_the_stored_runs_are_complete():
     dqn = rl.stored_dqn_run()
     assert set(dqn.val) == set(rl.DQN_ARMS) and dqn.test_seeds == list(range(10))
     assert (dqn.steps, dqn.every, dqn.last_evals) == (6000, 500, 4)
+    assert any(line.startswith("merged: ") for line in dqn.provenance)
+    for arm, grid in dqn.val.items():
+        assert set(grid) == {1e-4, 3e-4, 1e-3, 3e-3, 1e-2}
+        assert (arm, max(grid, key=lambda r: grid[r].mean())) in dqn.test  # the test seeds ran at the rate chosen on validation
     for (arm, lr), values in dqn.test.items():
-        assert lr == max(dqn.val[arm], key=lambda r: dqn.val[arm][r].mean())
+        first = {r: v for r, v in dqn.val[arm].items() if r in (3e-4, 1e-3, 3e-3)}  # the first run's grid, its test rows kept
+        assert lr in (max(dqn.val[arm], key=lambda r: dqn.val[arm][r].mean()), max(first, key=lambda r: first[r].mean()))
         np.testing.assert_allclose(values, dqn.curves["test", arm, lr][:, -4:].mean(1), rtol=1e-4)
 
 
