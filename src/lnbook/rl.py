@@ -151,15 +151,10 @@ def dqn(
         check_positive_int(target_every, "target_every")
     if eval_every is not None:
         check_positive_int(eval_every, "eval_every")
-    rates = [lr] * members if isinstance(lr, (int, float)) else list(lr) if isinstance(lr, Sequence) else None
-    if rates is None or len(rates) != members:
-        raise ValueError(f"lr must be a positive number or one per agent ({members}), got {describe(lr)}")
-    for rate in rates:
-        check_number(rate, "lr", "a positive number (or one per agent)", lambda v: v > 0)
+    rates = seed_axis.member_lrs(lr, members, "agent")
     check_number(gamma, "gamma", "a number in [0, 1]", lambda v: 0 <= v <= 1)
     check_number(final_epsilon, "final_epsilon", "a number in [0, 1]", lambda v: 0 <= v <= 1)
-    if len(seeds) != members:
-        raise ValueError(f"seeds must have one entry per agent ({members}), got {describe(seeds)}")
+    seeds = seed_axis.check_seeds(seeds, members, "agent")
     if learning_starts < batch_size:
         raise ValueError(f"learning_starts must be at least batch_size ({batch_size}), got {describe(learning_starts)}")
     import gymnasium as gym
@@ -474,18 +469,13 @@ def stream_q(
         check_positive_int(value, name)
     if eval_every is not None:
         check_positive_int(eval_every, "eval_every")
-    rates = [lr] * members if isinstance(lr, (int, float)) else list(lr) if isinstance(lr, Sequence) else None
-    if rates is None or len(rates) != members:
-        raise ValueError(f"lr must be a positive number or one per agent ({members}), got {describe(lr)}")
-    for rate in rates:
-        check_number(rate, "lr", "a positive number (or one per agent)", lambda v: v > 0)
+    rates = seed_axis.member_lrs(lr, members, "agent")
     check_number(kappa, "kappa", "a positive number", lambda v: v > 0)
     for name, value in (("lam", lam), ("gamma", gamma), ("final_epsilon", final_epsilon)):
         check_number(value, name, "a number in [0, 1]", lambda v: 0 <= v <= 1)
     if not isinstance(normalize, bool):
         raise TypeError(f"normalize must be True or False, got {describe(normalize)}")
-    if len(seeds) != members:
-        raise ValueError(f"seeds must have one entry per agent ({members}), got {describe(seeds)}")
+    seeds = seed_axis.check_seeds(seeds, members, "agent")
     batch_norm = any(isinstance(m, seed_axis.Norm) and issubclass(m.plain, BATCH_NORMS) for m in model.modules())
     if batch_size < 2 and batch_norm:
         raise ValueError("batch_size must be at least 2 for a Q-network with a batch norm: training-mode "

@@ -334,20 +334,23 @@ def unstack(model: nn.Module, models: Sequence[nn.Module]) -> list[nn.Module]:
     return list(models)
 
 
-def member_lrs(lr: float | Sequence[float], s: int) -> list[float]:
-    """One learning rate per member of an ``s``-member stack: ``lr`` repeated, or checked."""
-    lrs = [lr] * s if isinstance(lr, (int, float)) and not isinstance(lr, bool) else list(lr)
-    if len(lrs) != s:
-        raise ValueError(f"lr must be one number or one per member ({s}), got {describe(lr)}")
+def member_lrs(lr: float | Sequence[float], s: int, what: str = "member") -> list[float]:
+    """One learning rate per member of an ``s``-member stack: ``lr`` repeated, or checked
+    (``what`` names a member in the message: "member", "agent")."""
+    number = isinstance(lr, (int, float)) and not isinstance(lr, bool)
+    lrs = [lr] * s if number else list(lr) if isinstance(lr, Sequence) and not isinstance(lr, str) else None
+    if lrs is None or len(lrs) != s:
+        raise ValueError(f"lr must be one number or one per {what} ({s}), got {describe(lr)}")
     for value in lrs:
-        check_number(value, "lr", "a positive number (or one per member)", lambda v: v > 0)
+        check_number(value, "lr", f"a positive number (or one per {what})", lambda v: v > 0)
     return lrs
 
 
-def check_seeds(seeds: Sequence[int], s: int) -> list[int]:
-    """``seeds`` checked to hold one integer per member of an ``s``-member stack."""
+def check_seeds(seeds: Sequence[int], s: int, what: str = "member") -> list[int]:
+    """``seeds`` checked to hold one integer per member of an ``s``-member stack (``what`` names
+    a member in the message)."""
     if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence) or len(seeds) != s:
-        raise ValueError(f"seeds must have one entry per member ({s}), got {describe(seeds)}")
+        raise ValueError(f"seeds must have one entry per {what} ({s}), got {describe(seeds)}")
     return [check_int(seed, "seeds[i]") for seed in seeds]
 
 
