@@ -42,7 +42,12 @@ def test_penalty_spread_is_zero_exactly_for_per_example_critics(norm):
 
 def test_shift_gradients_see_no_shift_through_a_first_layer_batch_norm():
     x, x_other = _digits(32), _digits(32, 1)
-    alone_bn, joint_bn, each_bn = G.shift_gradients(G.critic("batch", SEEDS, (16, 16)), x, x_other)
+    crit_bn = G.critic("batch", SEEDS, (16, 16))
+    before = {name: b.clone() for name, b in crit_bn.named_buffers()}
+    alone_bn, joint_bn, each_bn = G.shift_gradients(crit_bn, x, x_other)
+    for name, b in crit_bn.named_buffers():  # measured in training mode, the running averages are kept
+        torch.testing.assert_close(b, before[name], rtol=0, atol=0)
+    assert crit_bn.training
     alone_none, _, _ = G.shift_gradients(G.critic("none", SEEDS, (16, 16)), x, x_other)
     np.testing.assert_allclose(alone_bn, 0, atol=1e-5)  # the batch mean is removed exactly
     assert np.all(joint_bn > 1e-3) and np.all(each_bn > 1e-3) and np.all(alone_none > 1e-3)

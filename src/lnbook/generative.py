@@ -26,7 +26,8 @@ draws its own mini-batches and noise, and the loss is the sum of the members' lo
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -530,6 +531,19 @@ def frozen_forward(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@contextmanager
+def _buffers_kept(module: nn.Module) -> Iterator[None]:
+    """Run the ``with`` block, then put every buffer of ``module`` (a batch norm's running
+    averages) back as it was: a measurement in training mode leaves the model unchanged."""
+    kept = {name: b.clone() for name, b in module.named_buffers()}
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, b in module.named_buffers():
+                b.copy_(kept[name])
+
+
 def input_gradient_norms(critic_net: nn.Module, x: torch.Tensor, frozen: bool = False) -> torch.Tensor:
     """The norm of the gradient of the batch's summed scores with respect to each example of
     ``x (members, B, F)``, ``(members, B)``, scored in the critic's current mode. ``frozen=False``
@@ -541,14 +555,10 @@ def input_gradient_norms(critic_net: nn.Module, x: torch.Tensor, frozen: bool = 
     check_bool(frozen, "frozen")
     if x.ndim != 3:
         raise ValueError(f"x must have shape (members, B, F), got {tuple(x.shape)}")
-    buffers = {name: b.clone() for name, b in critic_net.named_buffers()}
-    try:
+    with _buffers_kept(critic_net):
         x = x.detach().requires_grad_(True)
         scores = frozen_forward(critic_net, x) if frozen else critic_net(x)
         (grad,) = torch.autograd.grad(scores.sum(), x)
-    finally:
-        for name, b in critic_net.named_buffers():
-            b.copy_(buffers[name])
     return grad.norm(dim=-1).detach()
 
 
@@ -944,18 +954,20 @@ def shift_gradients(crit: nn.Module, x: torch.Tensor, x_other: torch.Tensor) -> 
     ``(members,)`` each: ``|d mean score / d shift|`` for one vector added to every example of
     ``x (B, 64)`` with the batch scored alone, the same with the shifted batch as the second
     half of a joint batch after ``x_other (B, 64)``, and the mean norm of the gradient of the
-    summed scores with respect to each example (the gradient the penalty takes)."""
+    summed scores with respect to each example (the gradient the penalty takes). The critic's
+    buffers (running averages) are left as they were."""
     s = _seed_count(crit, "crit")
     x, x_other = _check_data(x, 64, "x"), _check_data(x_other, 64, "x_other")
     if x.shape != x_other.shape:
         raise ValueError(f"x and x_other must have the same shape, got {tuple(x.shape)} and {tuple(x_other.shape)}")
     b = len(x)
-    shift = torch.zeros(s, 1, 64, device=x.device, requires_grad=True)
-    (alone,) = torch.autograd.grad(crit(x + shift)[..., 0].mean(1).sum(), shift)
-    joint_batch = torch.cat([x_other.expand(s, b, 64), x + shift], 1)
-    (joint,) = torch.autograd.grad(crit(joint_batch)[:, b:, 0].mean(1).sum(), shift)
-    x_each = x.expand(s, b, 64).clone().requires_grad_(True)
-    (each,) = torch.autograd.grad(crit(x_each)[..., 0].sum(), x_each)
+    with _buffers_kept(crit):  # a training-mode batch norm would move its running averages
+        shift = torch.zeros(s, 1, 64, device=x.device, requires_grad=True)
+        (alone,) = torch.autograd.grad(crit(x + shift)[..., 0].mean(1).sum(), shift)
+        joint_batch = torch.cat([x_other.expand(s, b, 64), x + shift], 1)
+        (joint,) = torch.autograd.grad(crit(joint_batch)[:, b:, 0].mean(1).sum(), shift)
+        x_each = x.expand(s, b, 64).clone().requires_grad_(True)
+        (each,) = torch.autograd.grad(crit(x_each)[..., 0].sum(), x_each)
     return (alone.norm(dim=-1)[:, 0].cpu().numpy(), joint.norm(dim=-1)[:, 0].cpu().numpy(),
             each.norm(dim=-1).mean(1).cpu().numpy())
 
