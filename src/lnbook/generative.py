@@ -249,18 +249,14 @@ class Net(nn.Module):
         s = seed_axis.members(self)
         if s is not None and x.ndim == 2:
             x = x.expand(s, *x.shape)
-        kept = [{k: b.clone() for k, b in m.named_buffers()} for m in self.layers if _is_batch_norm(m)]
         seen = -1
-        with torch.no_grad():
+        with torch.no_grad(), _buffers_kept(self):
             for module in self.layers:
                 x = module(x)
                 if isinstance(module, (nn.Linear, seed_axis.Linear)):
                     seen += 1
                     if seen == layer:
                         break
-            for m, state in zip([m for m in self.layers if _is_batch_norm(m)], kept):
-                for k, b in m.named_buffers():
-                    b.copy_(state[k])
         return x
 
     def norm_statistics(self, layer: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
