@@ -30,15 +30,21 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg -n 2 --dist loadscope
 JB_FLAGS := -W -n --keep-going
 
-.PHONY: book test setup build-book clean
+.PHONY: book test setup build-book clean lab
 
 book: build-book
 	@echo "The book: $(CURDIR)/_build/html/index.html"
 
+# The notebooks in JupyterLab, run on this machine with the kernel "Python 3 (lnbook)" (.venv);
+# nothing is fetched from outside. A taken port moves to the next free one: make lab LAB_PORT=9999
+LAB_PORT ?= 8888
+lab: setup
+	$(BIN)/python tools/lab.py --port $(LAB_PORT) notebooks
+
 setup: $(STAMP)
 
 $(STAMP):
-	@$(PYTHON) -c "import sys; sys.exit(0 if sys.version_info >= (3, 10) else 'Python 3.10 or newer is needed; run make PYTHON=python3.x')"
+	@$(PYTHON) -c "import sys; sys.exit(0 if sys.version_info >= (3, 10) else f'Python 3.10 or newer is needed, and $(PYTHON) is Python {sys.version.split()[0]}: run make PYTHON=python3.x')"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -r requirements.txt
 	$(BIN)/python -m pip install --no-build-isolation -e .
@@ -57,7 +63,7 @@ build-book: setup
 test: setup $(CHROMIUM)
 	@mkdir -p $(LOGS)
 	$(BIN)/python -m pytest -n 2 tests 2>&1 | tee $(LOGS)/pytest.log
-	$(BIN)/python -m pytest $(NBVAL) --junitxml=$(LOGS)/nbval.xml notebooks 2>&1 | tee $(LOGS)/nbval.log
+	LNBOOK_PROGRESS=0 $(BIN)/python -m pytest $(NBVAL) --junitxml=$(LOGS)/nbval.xml notebooks 2>&1 | tee $(LOGS)/nbval.log
 	$(BIN)/python tools/notebook_times.py $(LOGS)/nbval.xml > $(TIMES)
 	$(MAKE) --no-print-directory build-book
 	$(BIN)/python tools/browser_check.py _build/html 2>&1 | tee $(LOGS)/browser.log

@@ -1,0 +1,175 @@
+"""`make lab`'s path, tested in a real browser: tools/lab.py serves a copy of chapter 00 with
+JupyterLab from this environment; headless Chromium opens it, picks the book's kernel and runs
+every cell; no cell may fail, a known output must appear and the figures must render. Every
+request away from the server is blocked and recorded: the page must need none (offline)."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import lab
+from browser_check import ALLOWED_BLOCKED, CHROMIUM_ARGS
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAPTER = ROOT / "notebooks" / "00_quickstart.ipynb"
+TOKEN = "lnbook-browser-test"
+KNOWN_OUTPUT = "batch shape (B, T, F): (3, 5, 4)  lengths: [5, 2, 4]"
+# Runs in the page: each code cell's prompt, error outputs, and whether each figure decodes.
+INSPECT = """async () => {
+  const cells = [...document.querySelectorAll('.jp-Notebook .jp-CodeCell')];
+  const images = [...document.querySelectorAll('.jp-Notebook .jp-RenderedImage img')];
+  const decoded = await Promise.all(images.map(img => img.decode().then(() => img.naturalWidth > 0, () => false)));
+  return {
+    prompts: cells.map(c => c.querySelector('.jp-InputPrompt').textContent.trim()),
+    errors: [...document.querySelectorAll('.jp-Notebook .jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')]
+      .map(e => e.textContent).filter(t => /Error|Traceback/.test(t)).map(t => t.slice(0, 500)),
+    text: [...document.querySelectorAll('.jp-Notebook .jp-OutputArea-output')].map(e => e.textContent).join('\\n'),
+    decoded,
+  };
+}"""
+
+
+def stored_figures(path: Path) -> int:
+    """How many PNG figures the notebook's stored outputs hold."""
+    cells = json.loads(path.read_text())["cells"]
+    return sum("image/png" in out.get("data", {}) for c in cells if c["cell_type"] == "code" for out in c["outputs"])
+
+
+def wait_for_server(server: subprocess.Popen, url: str, log: Path, seconds: float = 90) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            pytest.fail(f"JupyterLab exited with status {server.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.3)
+    pytest.fail(f"JupyterLab did not answer {url} within {seconds} s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """``(base URL, log)`` of JupyterLab started by tools/lab.py on a copy of chapter 00; stopped
+    afterwards, whatever happened."""
+    folder = tmp_path_factory.mktemp("lab")
+    shutil.copy(CHAPTER, folder)  # JupyterLab may autosave: the committed notebook stays as it is
+    log = folder.parent / "jupyterlab.log"
+    port = lab.choose_port(18888)
+    with log.open("w") as out:
+        server = subprocess.Popen([sys.executable, str(ROOT / "tools" / "lab.py"), "--port", str(port), "--token", TOKEN,
+                                   "--no-browser", str(folder)], stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for_server(server, f"{base}/api/status?token={TOKEN}", log)
+        yield base, log
+    finally:
+        server.send_signal(signal.SIGTERM)  # JupyterLab shuts its kernels down on SIGTERM
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+@pytest.fixture(scope="module")
+def run_all(served, tmp_path_factory):
+    """Open chapter 00, pick the kernel "lnbook", run all cells; what the page shows afterwards."""
+    from playwright.sync_api import sync_playwright
+
+    base, log = served
+    chromium = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+    blocked: set[str] = set()
+    js_errors: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
+
+        def route(r):
+            if r.request.url.startswith(base):
+                return r.continue_()
+            blocked.add(r.request.url)
+            return r.abort("blockedbyclient")
+
+        context.route("**/*", route)
+        page = context.new_page()
+        page.on("pageerror", lambda e: js_errors.append(e.message))
+        page.set_default_timeout(60_000)
+        page.goto(f"{base}/lab/tree/{CHAPTER.name}?token={TOKEN}")
+        kernel_name = page.locator(".jp-NotebookPanel-toolbar .jp-Toolbar-kernelName")
+        kernel_name.filter(has_not_text="No Kernel").wait_for()  # the notebook's own kernel has started
+        kernel_name.click()
+        dialog = page.locator(".jp-Dialog")
+        dialog.locator("select").select_option(label=lab.KERNEL_DISPLAY_NAME)
+        dialog.locator(".jp-mod-accept").click()
+        kernel_name.filter(has_text=lab.KERNEL_DISPLAY_NAME).wait_for()
+        page.locator(".jp-NotebookPanel-toolbar .jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for()
+        page.get_by_role("menuitem", name="Run", exact=True).click()
+        page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+        deadline = time.monotonic() + 150
+        while True:
+            seen = page.evaluate(INSPECT)
+            if all(p not in ("[ ]:", "[*]:") for p in seen["prompts"]) or seen["errors"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        page.screenshot(path=str(tmp_path_factory.mktemp("screens") / "lab.png"))
+        browser.close()
+    return seen, blocked, js_errors, log
+
+
+def test_every_cell_of_chapter_00_runs_in_the_books_kernel(run_all):
+    seen, _, js_errors, log = run_all
+    assert seen["errors"] == [], f"a cell failed:\n{seen['errors'][0]}"
+    assert [p for p in seen["prompts"] if not p[1:-2].isdigit()] == [], f"cells left unrun: {seen['prompts']}\n{log.read_text()[-2000:]}"
+    assert len(seen["prompts"]) == sum(c["cell_type"] == "code" for c in json.loads(CHAPTER.read_text())["cells"])
+    assert js_errors == []
+
+
+def test_known_output_and_figures_appear(run_all):
+    seen = run_all[0]
+    assert KNOWN_OUTPUT in seen["text"]
+    assert len(seen["decoded"]) == stored_figures(CHAPTER) > 0 and all(seen["decoded"])
+
+
+def test_nothing_is_fetched_from_outside(run_all):
+    assert run_all[1] <= ALLOWED_BLOCKED  # the Colab badge only, which the page does not need
+
+
+def test_a_taken_port_moves_to_the_next_free_one_and_says_so(capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert lab.choose_port(port) != port
+    assert f"Port {port} is taken" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--port must be between 1 and 65535, got 0"):
+        lab.choose_port(0)
+
+
+def test_make_lab_names_a_python_that_is_too_old(tmp_path):
+    """The Makefile checks the Python it will build .venv with (here one that reports 3.9.18)."""
+    old = tmp_path / "python3.9"
+    old.write_text(f"#!{sys.executable}\nimport sys\nsys.version_info = (3, 9, 18, 'final', 0)\n"
+                   "sys.version = '3.9.18 (main)'\ncode, sys.argv = sys.argv[2], ['-c', *sys.argv[3:]]\nexec(code)\n")
+    old.chmod(0o755)
+    make = subprocess.run(["make", "--no-print-directory", "-C", str(ROOT), "lab", f"PYTHON={old}", f"VENV={tmp_path / 'venv'}"],
+                          capture_output=True, text=True)
+    assert make.returncode != 0 and not (tmp_path / "venv").exists()
+    assert f"Python 3.10 or newer is needed, and {old} is Python 3.9.18: run make PYTHON=python3.x" in make.stderr
+
+
+def test_the_lab_command_asks_nothing_of_the_internet():
+    command = lab.lab_command(ROOT / "notebooks", 8888, "t", browser=False)
+    assert {"--LabApp.news_url=None", "--ServerApp.port_retries=0", "--no-browser"} <= set(command)
+    config = json.loads((lab.CONFIG / "labconfig" / "page_config.json").read_text())
+    assert config["disabledExtensions"] == {"@jupyterlab/apputils-extension:announcements": True}
+    assert str(lab.CONFIG) in lab.lab_environment()["JUPYTER_CONFIG_PATH"].split(os.pathsep)
