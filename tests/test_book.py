@@ -1,6 +1,5 @@
-"""The book around the chapters: landing page, bibliography, reproducibility page, and an
-install that leaves a reader's torch alone (as on Colab), and chapter and exercise numbers that
-match the notebooks' numbers."""
+"""The book around the chapters: landing page, bibliography, reproducibility page, and chapter
+and exercise numbers that match the notebooks' numbers."""
 
 import json
 import re
@@ -10,9 +9,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
-from packaging.version import Version
 
 from notebook_times import markdown, notebook_times
 
@@ -85,66 +81,6 @@ def test_notebook_times_refuse_xml_that_is_not_from_nbval(tmp_path):
     xml.write_text('<testsuite><testcase classname="tests.test_utils" name="test_x" time="1"/></testsuite>')
     with pytest.raises(ValueError, match="not a notebook cell"):
         notebook_times(xml)
-
-
-PYPROJECT = (ROOT / "pyproject.toml").read_text()
-DEPENDENCIES = [Requirement(d) for d in re.findall(r'^\s*"([^"]+)",', PYPROJECT.split("dependencies = [")[1].split("]")[0], re.M)]
-LOWEST_PYTHON = re.search(r'requires-python = ">=(\d+\.\d+)"', PYPROJECT).group(1)
-OFFLINE = ("NewConnectionError", "Temporary failure in name resolution", "Network is unreachable", "ConnectTimeoutError")
-
-
-def test_dependencies_have_no_upper_bounds_or_pins():
-    """An upper bound or a pin could make pip replace the torch a reader (or Colab) already has."""
-    assert {d.name for d in DEPENDENCIES} >= {"torch", "numpy", "triton"}
-    assert [str(d) for d in DEPENDENCIES if any(s.operator != ">=" for s in d.specifier) or len(d.specifier) != 1] == []
-
-
-def lowest(requirement: Requirement) -> str:
-    """``torch>=2.6`` as ``torch==2.6``, its marker kept."""
-    (spec,) = requirement.specifier
-    return f"{requirement.name}=={spec.version}" + (f"; {requirement.marker}" if requirement.marker else "")
-
-
-def resolve(requirements: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
-    """pip's resolver on PyPI's metadata (no install, nothing but metadata downloaded), for
-    Linux x86-64 wheels on the lowest Python that lnbook supports."""
-    platforms = [a for tag in ("manylinux_2_28", "manylinux_2_17", "manylinux2014", "manylinux1", "linux")
-                 for a in ("--platform", f"{tag}_x86_64")]
-    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed",
-                          "--only-binary=:all:", "--python-version", LOWEST_PYTHON, *platforms,
-                          "--target", str(tmp_path / "never-written"), "--report", str(tmp_path / "report.json"),
-                          *requirements], capture_output=True, text=True, timeout=600)
-    if pip.returncode and any(sign in pip.stderr for sign in OFFLINE):
-        pytest.skip(f"PyPI cannot be reached, so the lower bounds cannot be resolved:\n{pip.stderr[-2000:]}")
-    return pip
-
-
-def test_the_lowest_declared_versions_install_together(tmp_path):
-    """Every dependency at its lower bound at once, on Python 3.10: a set that a reader's pip
-    can actually install (a lower bound that pins a conflicting partner would be a lie)."""
-    requirements = [lowest(d) for d in DEPENDENCIES]
-    pip = resolve(requirements, tmp_path)
-    assert pip.returncode == 0, f"pip cannot install {requirements} together:\n{pip.stderr[-3000:]}"
-    report = json.loads((tmp_path / "report.json").read_text())["install"]
-    chosen = {canonicalize_name(i["metadata"]["name"]): Version(i["metadata"]["version"]) for i in report}
-    assert {d.name: chosen[canonicalize_name(d.name)] for d in DEPENDENCIES} == {
-        d.name: Version(next(iter(d.specifier)).version) for d in DEPENDENCIES}
-
-
-def test_the_resolution_check_catches_a_conflicting_bound(tmp_path):
-    """torch 2.5 pins triton 3.1, so these two lower bounds cannot both hold."""
-    pip = resolve(["torch==2.5.0", "triton==3.2.0"], tmp_path)
-    assert pip.returncode != 0 and "ResolutionImpossible" in pip.stderr
-
-
-def test_installing_lnbook_upgrades_nothing_already_installed(tmp_path):
-    """pip's own resolver, offline, against this environment's torch: lnbook is all it would add."""
-    report = tmp_path / "report.json"
-    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--no-build-isolation",
-                          "--quiet", "--report", str(report), str(ROOT)], capture_output=True, text=True)
-    assert pip.returncode == 0, f"pip cannot install lnbook next to what is installed:\n{pip.stderr}"
-    would_install = [i["metadata"]["name"] for i in json.loads(report.read_text())["install"]]
-    assert would_install == ["lnbook"]
 
 
 TOC = yaml.safe_load((ROOT / "_toc.yml").read_text())

@@ -155,6 +155,14 @@ def test_notebook_is_in_the_table_of_contents(path):
     assert f"file: notebooks/{path.stem}\n" in (ROOT / "_toc.yml").read_text()
 
 
+def test_every_notebook_has_the_same_set_up_cell():
+    """One Colab set-up cell for the whole book, which also tells a reader whose kernel lacks
+    lnbook how to fix it (tests/test_install.py runs it)."""
+    setup = {path.name: source(load(path)["cells"][1]) for path in NOTEBOOKS}
+    assert [name for name, text in setup.items() if text != setup[NOTEBOOKS[0].name]] == []
+    assert "except ModuleNotFoundError" in setup[NOTEBOOKS[0].name]
+
+
 def test_hygiene_check_catches_a_stripped_notebook():
     path = NOTEBOOKS[0]
     nb = copy.deepcopy(load(path))
