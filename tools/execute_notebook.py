@@ -15,9 +15,10 @@ import sys
 import time
 from pathlib import Path
 
-# the same pins as the Makefile's exports, so that the stored outputs are the ones nbval makes
-PINS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
-        "DNNL_MAX_CPU_ISA": "AVX2"}
+# the same pins as the Makefile's exports, so that the stored outputs are the ones nbval makes,
+# and no progress line (lnbook.progress) in them
+ENVIRONMENT = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "DNNL_MAX_CPU_ISA": "AVX2", "LNBOOK_PROGRESS": "0"}
 
 
 def execute(path: Path, timeout: int = 3600) -> float:
@@ -51,7 +52,7 @@ def main(paths: list[str]) -> int:
     if not paths:
         print(__doc__)
         return 2
-    os.environ.update(PINS)
+    os.environ.update(ENVIRONMENT)
     for p in map(Path, paths):
         print(f"{p}: {execute(p):.0f} s", flush=True)
     return 0

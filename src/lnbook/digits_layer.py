@@ -16,6 +16,7 @@ from collections.abc import Callable
 import torch
 
 from ._checks import check_positive_int
+from .progress import progress
 
 Norm = Callable[[torch.Tensor], torch.Tensor]
 
@@ -98,7 +99,7 @@ def train_layer(
         raise ValueError(f"lr must be positive, got {lr}")
     W = W.clone()
     record: dict[str, list[torch.Tensor]] = {"loss": [], "norm": [], "cosine": []}
-    for step in range(steps):
+    for step in progress(range(steps), "steps"):
         Wr = W.clone().requires_grad_()
         loss = layer_loss(Wr, V, X, y, batches(step), norm)
         (grad,) = torch.autograd.grad(loss.sum(), Wr)
@@ -154,7 +155,7 @@ def turn_run(
     norm = norm or (lambda a: torch.nn.functional.layer_norm(a, (a.shape[-1],)))
     initial = W.norm(dim=(1, 2), keepdim=True)
     record: dict[str, list[torch.Tensor]] = {k: [] for k in ("norm", "turn", "unit gradient", "cosine", "loss")}
-    for step in range(steps):
+    for step in progress(range(steps), "steps"):
         idx = batches(step)
         Wr = W.clone().requires_grad_()
         loss = layer_loss(Wr, V, X, y, idx, norm)
@@ -226,7 +227,7 @@ def train_affine(
     params = {"W": W.clone(), "V": V.clone(), "gain": torch.ones(len(W), 1, W.shape[1], dtype=W.dtype)}
     trained = ["W"] + ["gain"] * train_gain + ["V"] * train_readout
     record: dict[str, list[torch.Tensor]] = {"loss": []}
-    for step in range(steps):
+    for step in progress(range(steps), "steps"):
         idx = batches(step)
         p = {k: v.clone().requires_grad_(k in trained) for k, v in params.items()}
         a = X[idx] @ p["W"].transpose(1, 2)

@@ -39,6 +39,7 @@ from . import seeds as seed_axis
 from ._checks import check_bool, check_choice, check_float_tensor, check_int, check_number, check_positive_int, describe
 from .functional import layer_norm
 from .norms import MaskedBatchNorm1d
+from .progress import progress
 
 if TYPE_CHECKING:
     import matplotlib.figure
@@ -690,7 +691,7 @@ def train_wgan_gp(
         history.eval_steps.append(step)
 
     gen.train(), crit.train()
-    for step in range(steps):
+    for step in progress(range(steps), "WGAN-GP steps"):
         for _ in range(n_critic):
             real = data[_batches(len(data), batch_size, gens, dev)]
             with torch.no_grad():
@@ -838,7 +839,7 @@ def train_vae(
     opt = torch.optim.Adam(vae.parameters(), lr=lr)
     vae.train()
     out = torch.zeros(e, steps)
-    for step in range(steps):
+    for step in progress(range(steps), "VAE steps"):
         x = data[_batches(len(data), batch_size, gens, data.device)]
         value = elbo(vae, x, _noise((batch_size, vae.latent), gens, data.device)).mean(1)
         opt.zero_grad(set_to_none=True)

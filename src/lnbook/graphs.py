@@ -40,6 +40,7 @@ import numpy as np
 import torch
 from torch import nn
 from ._checks import check_choice, check_positive_int, describe
+from .progress import progress
 from .train import evaluating, optimizer_step, prepare, warmup_cosine
 
 if TYPE_CHECKING:
@@ -288,7 +289,7 @@ def fit_graphs(
         run.optimizer, lambda step: warmup_cosine(min(step + 1, total), 0, total) if decay else 1.0)
     y = targets(train)
     elapsed = 0.0
-    for _ in range(epochs):
+    for _ in progress(range(epochs), "epochs"):
         start = time.perf_counter()
         for idx in torch.randperm(len(train), generator=run.generator).split(batch_size):
             batch = Batch.from_data_list([train[i] for i in idx]).to(run.device)

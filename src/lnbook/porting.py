@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from ._checks import check_float_tensor, check_int, check_number
+from .progress import progress
 
 Norm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -61,7 +62,7 @@ def train(X: torch.Tensor, y: torch.Tensor, seeds: int, hidden: int, steps: int 
         p.requires_grad_()
     opt = torch.optim.Adam(params, lr=lr)
     curve = np.empty((steps, seeds))
-    for step in range(steps):
+    for step in progress(range(steps), "steps"):
         logits = forward(params, X, norm)
         per_seed = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y.expand(seeds, -1), reduction="none").mean(1)
         opt.zero_grad()

@@ -26,6 +26,7 @@ from torch import nn
 from . import seeds as seed_axis
 from ._checks import check_int, check_number, check_positive_int, describe
 from .models import MLP, mlp_layers
+from .progress import progress
 from .seeds import BATCH_NORMS
 
 ENV = "CartPole-v1"  # 500 steps at most; reward 1 per step the pole stays up
@@ -181,7 +182,7 @@ def dqn(
     returns, rows, greedy = np.zeros(members), np.arange(members)[:, None], []
     start = time.perf_counter()
     model.train()
-    for t in range(steps):
+    for t in progress(range(steps), "DQN steps"):
         epsilon = max(final_epsilon, 1 - (1 - final_epsilon) * t / explore_steps)
         actions = _q_values(model, torch.from_numpy(states)[:, None]).argmax(-1)[:, 0].numpy()
         slot = t % buffer
@@ -501,7 +502,7 @@ def stream_q(
     history = StreamHistory(episodes=[[] for _ in range(members)])
     returns, greedy, batch = np.zeros(members), [], []
     start = time.perf_counter()
-    for t in range(steps):
+    for t in progress(range(steps), "Stream Q steps"):
         epsilon = max(final_epsilon, 1 - (1 - final_epsilon) * t / explore_steps)
         if batch_norm:  # acting in eval mode: the running statistics
             best = _q_values(model, torch.from_numpy(states)[:, None]).argmax(-1)[:, 0].numpy()
@@ -740,7 +741,7 @@ def refit(model: MLP, x: torch.Tensor, targets: torch.Tensor, *, steps: int, lr:
     generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
     fit, dead, norms = [], [], []
     model.train()
-    for k, y in enumerate(targets):
+    for k, y in progress(enumerate(targets), "tasks", total=len(targets)):
         if fresh and k > 0:
             model.load_state_dict(initial)
             optimizer = new_optimizer()

@@ -67,6 +67,7 @@ from .norms import (
     TimeStepBatchNorm,
     UnmaskedBatchNorm1d,
 )
+from .progress import progress
 from .train import (
     OPTIMIZERS,
     History,
@@ -482,7 +483,7 @@ def fit(
         evaluated = updates
         return time.perf_counter() - start
 
-    for epoch in range(epochs):
+    for epoch in progress(range(epochs), f"epochs ({s} seeds)"):
         start, count, paused = time.perf_counter(), 0, 0.0
         if order is None:
             batches = torch.stack([torch.randperm(n, generator=g)[:seen] for g in generators]).split(batch_size, dim=1)
@@ -547,7 +548,7 @@ def _fit_steps(
     active = torch.ones(s, dtype=torch.bool, device=device)
     elapsed = 0.0
     model.train()
-    for t in range(1, steps + 1):
+    for t in progress(range(1, steps + 1), f"steps ({s} seeds)"):
         start = time.perf_counter()
         running = active.nonzero().flatten().tolist()
         inputs = [x.to(device) for x in batch(generators)]

@@ -15,7 +15,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -36,6 +36,7 @@ from ._checks import (
     describe,
 )
 from .data import Dataset
+from .progress import progress
 from .utils import seed_everything
 
 OPTIMIZERS = ("adam", "sgd", "radam")
@@ -223,7 +224,7 @@ def fit(
     history = History(steps_per_epoch=n // batch_size if drop_last else -(-n // batch_size))
     seen = history.steps_per_epoch * batch_size if drop_last else n
     elapsed = 0.0
-    for _ in range(epochs):
+    for _ in progress(range(epochs), "epochs"):
         start, correct, count = time.perf_counter(), 0, 0
         for idx in torch.randperm(n, generator=run.generator)[:seen].split(batch_size):
             *inputs, y = (t[idx].to(run.device) for t in train)
@@ -343,7 +344,7 @@ def _fit_steps(
     check_int(warmup, "warmup")
     run = prepare(model, lr, seed, optimizer)
     history, elapsed = LMHistory(), 0.0
-    for step in range(1, steps + 1):
+    for step in progress(range(1, steps + 1), "steps"):
         start = time.perf_counter()
         for group in run.optimizer.param_groups:
             group["lr"] = lr * min(1.0, step / warmup) if warmup else lr
@@ -558,7 +559,7 @@ def fit_many(jobs: Sequence[dict], workers: Executor | None = None) -> list[Futu
     if workers is not None:
         return [workers.submit(fit_job, job) for job in jobs]
     futures = []
-    for job in jobs:
+    for job in progress(jobs, "runs"):
         futures.append(Future())
         futures[-1].set_result(fit_job(job))
     return futures
@@ -584,4 +585,7 @@ def start_runs(
 
 def finish_runs(started: Mapping[Hashable, Sequence[Future]]) -> dict[Hashable, list[tuple[nn.Module, object]]]:
     """Wait for queued runs: ``{name: futures}`` -> ``{name: [(trained model, history) per seed]}``."""
+    waiting = [f for futures in started.values() for f in futures]
+    for _ in progress(as_completed(waiting), "runs finished", total=len(waiting)):
+        pass
     return {name: [f.result() for f in futures] for name, futures in started.items()}

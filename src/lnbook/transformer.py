@@ -28,6 +28,7 @@ from torch.nn import functional as F
 
 from ._checks import check_bool, check_choice, check_number, check_positive_int, describe
 from .norms import EXAMPLE_NORMS, DyT, apply_norm, check_norm, norm_layer
+from .progress import progress
 
 NORMS = ("none", "batch", *EXAMPLE_NORMS)  # and chapter 06's spellings "layernorm", "rmsnorm", "batchnorm"
 POSITIONS = ("pre", "post", "sandwich")
@@ -585,7 +586,7 @@ def fit_vit(
     active = torch.ones(s, dtype=torch.bool, device=device)
     order: torch.Tensor | None = None
     model.train()
-    for t in range(1, steps + 1):
+    for t in progress(range(1, steps + 1), "ViT steps"):
         k = (t - 1) % per_pass
         if k == 0:
             order = torch.stack([torch.randperm(n, generator=g)[: per_pass * batch_size] for g in generators])

@@ -1,0 +1,116 @@
+"""Progress of long loops (training many seeds, sweeps), shown where a reader is watching.
+
+``progress(range(steps), "steps")`` yields what the range yields and, while it runs, keeps one
+line up to date: in a notebook a reader opened (JupyterLab, Jupyter Notebook, Colab) an output
+line under the cell, one per cell; in a terminal, when asked, a line on stderr. Loops inside
+loops share the line (``runs 3/20 › epochs 12/40``). Anywhere else (nbval, nbclient, scripts,
+tests) nothing is shown, so stored outputs and the built book never contain a bar.
+
+Who decides, first to last: ``with showing(True or False):``, then the environment variable
+``LNBOOK_PROGRESS`` (``1`` or ``0``), then whether this is a Jupyter kernel opened from a
+Jupyter server (it sets ``JPY_SESSION_NAME`` for the kernels it starts) or Colab's.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import TypeVar
+
+T = TypeVar("T")
+WIDTH = 20  # characters of a bar
+EVERY = 0.25  # seconds between two updates of the line
+
+_forced: bool | None = None
+_active: list[list] = []  # the running loops, outermost first: [what, done, total, start]
+_line: dict = {"cell": None, "handle": None, "shown": 0.0}
+
+
+def _kernel_shell():
+    """The IPython shell of the Jupyter kernel this runs in, or None."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return shell if getattr(shell, "kernel", None) is not None else None
+
+
+def shown() -> bool:
+    """Whether a loop wrapped in :func:`progress` shows its progress here and now."""
+    if _forced is not None:
+        return _forced
+    setting = os.environ.get("LNBOOK_PROGRESS")
+    if setting is not None:
+        if setting not in ("0", "1"):
+            raise ValueError(f"the environment variable LNBOOK_PROGRESS must be 0 or 1, got {setting!r}")
+        return setting == "1"
+    return _kernel_shell() is not None and ("JPY_SESSION_NAME" in os.environ or "google.colab" in sys.modules)
+
+
+@contextmanager
+def showing(on: bool = True) -> Iterator[None]:
+    """Show (``on=True``) or hide every progress line inside the ``with`` block, wherever it runs."""
+    global _forced
+    if not isinstance(on, bool):
+        raise TypeError(f"on must be True or False, got {on!r}")
+    before, _forced = _forced, on
+    try:
+        yield
+    finally:
+        _forced = before
+
+
+def _text(now: float) -> str:
+    parts = []
+    for what, done, total, _ in _active:
+        if total:
+            filled = WIDTH * done // total
+            parts.append(f"{what} {'█' * filled}{'░' * (WIDTH - filled)} {done}/{total}")
+        else:
+            parts.append(f"{what} {done}")
+    return " › ".join(parts) + f" · {now - _active[0][3]:.0f} s"
+
+
+def _show(force: bool = False, end: bool = False) -> None:
+    """Update the line, at most every EVERY seconds unless ``force``; ``end``: the outermost loop is done."""
+    now = time.monotonic()
+    if not force and now - _line["shown"] < EVERY:
+        return
+    _line["shown"] = now
+    text = _text(now)
+    shell = _kernel_shell()
+    if shell is None:  # a terminal: one line on stderr, rewritten in place
+        sys.stderr.write(f"\r{text}" + ("\n" if end else ""))
+        sys.stderr.flush()
+        return
+    from IPython.display import display
+
+    if _line["cell"] != shell.execution_count or _line["handle"] is None:  # a new cell: a line of its own
+        _line["cell"], _line["handle"] = shell.execution_count, display({"text/plain": text}, raw=True, display_id=True)
+    else:
+        _line["handle"].update({"text/plain": text}, raw=True)
+
+
+def progress(iterable: Iterable[T], what: str, total: int | None = None) -> Iterator[T]:
+    """Yield from ``iterable`` and show how far it has got, as ``what done/total`` (``total``
+    defaults to ``len(iterable)`` where it has one); silent where :func:`shown` is False."""
+    if not isinstance(what, str) or not what:
+        raise TypeError(f"what must be a non-empty string naming the loop, got {what!r}")
+    if not shown():
+        yield from iterable
+        return
+    if total is None and hasattr(iterable, "__len__"):
+        total = len(iterable)
+    entry = [what, 0, total, time.monotonic()]
+    _active.append(entry)
+    try:
+        _show(force=len(_active) == 1)
+        for item in iterable:
+            yield item
+            entry[1] += 1
+            _show()
+    finally:
+        if len(_active) == 1:
+            _show(force=True, end=True)
+        _active.remove(entry)
