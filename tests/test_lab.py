@@ -1,11 +1,12 @@
 """`make lab`'s path, tested in a real browser: tools/lab.py serves a copy of chapter 00 with
 JupyterLab from this environment; headless Chromium opens it, picks the book's kernel and runs
-every cell; no cell may fail, a known output must appear and the figures must render. Every
+every cell; no cell may fail, a known output must appear, the figures must render, and a loop
+through lnbook.progress (one cell added to the copy) must show its progress line. Every
 request away from the server is blocked and recorded: the page must need none (offline)."""
 
 import json
 import os
-import shutil
+import re
 import signal
 import socket
 import subprocess
@@ -23,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHAPTER = ROOT / "notebooks" / "00_quickstart.ipynb"
 TOKEN = "lnbook-browser-test"
 KNOWN_OUTPUT = "batch shape (B, T, F): (3, 5, 4)  lengths: [5, 2, 4]"
+PROGRESS_CELL = "from lnbook.progress import progress\n\nfor _ in progress(range(3), 'a long loop'):\n    pass"
 # Runs in the page: each code cell's prompt, error outputs, and whether each figure decodes.
 INSPECT = """async () => {
   const cells = [...document.querySelectorAll('.jp-Notebook .jp-CodeCell')];
@@ -62,7 +64,9 @@ def served(tmp_path_factory):
     """``(base URL, log)`` of JupyterLab started by tools/lab.py on a copy of chapter 00; stopped
     afterwards, whatever happened."""
     folder = tmp_path_factory.mktemp("lab")
-    shutil.copy(CHAPTER, folder)  # JupyterLab may autosave: the committed notebook stays as it is
+    nb = json.loads(CHAPTER.read_text())  # a copy, as JupyterLab may autosave, with a loop that shows its progress
+    nb["cells"].append({"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None, "source": PROGRESS_CELL})
+    (folder / CHAPTER.name).write_text(json.dumps(nb))
     log = folder.parent / "jupyterlab.log"
     port = lab.choose_port(18888)
     with log.open("w") as out:
@@ -130,13 +134,14 @@ def test_every_cell_of_chapter_00_runs_in_the_books_kernel(run_all):
     seen, _, js_errors, log = run_all
     assert seen["errors"] == [], f"a cell failed:\n{seen['errors'][0]}"
     assert [p for p in seen["prompts"] if not p[1:-2].isdigit()] == [], f"cells left unrun: {seen['prompts']}\n{log.read_text()[-2000:]}"
-    assert len(seen["prompts"]) == sum(c["cell_type"] == "code" for c in json.loads(CHAPTER.read_text())["cells"])
+    assert len(seen["prompts"]) == sum(c["cell_type"] == "code" for c in json.loads(CHAPTER.read_text())["cells"]) + 1
     assert js_errors == []
 
 
-def test_known_output_and_figures_appear(run_all):
+def test_known_output_figures_and_a_progress_line_appear(run_all):
     seen = run_all[0]
     assert KNOWN_OUTPUT in seen["text"]
+    assert re.search(r"a long loop █+ 3/3 · \d+ s", seen["text"])  # a reader's session shows progress
     assert len(seen["decoded"]) == stored_figures(CHAPTER) > 0 and all(seen["decoded"])
 
 
