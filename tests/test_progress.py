@@ -78,3 +78,18 @@ def test_in_a_kernel_only_a_readers_session_shows_a_line(monkeypatch):
     assert silent == []
     assert [out.output_type for out in shown_here] == ["display_data"]
     assert re.fullmatch(r"again █+ 2/2 · \d+ s", shown_here[0].data["text/plain"])
+
+
+def test_a_loop_stopped_by_an_exception_leaves_no_trace(capsys):
+    def interrupted():
+        for i in progress(range(5), "interrupted"):
+            if i == 2:
+                raise KeyboardInterrupt
+
+    with showing(True):
+        with pytest.raises(KeyboardInterrupt):
+            interrupted()
+        assert progress_module._active == []
+        list(progress(range(2), "next"))
+    last = capsys.readouterr().err.split("\r")[-1]
+    assert last.startswith("next ") and "interrupted" not in last

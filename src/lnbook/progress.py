@@ -18,14 +18,24 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 T = TypeVar("T")
 WIDTH = 20  # characters of a bar
 EVERY = 0.25  # seconds between two updates of the line
 
+
+@dataclass(eq=False)
+class _Loop:
+    what: str
+    total: int | None
+    done: int = 0
+    start: float = field(default_factory=time.monotonic)
+
+
 _forced: bool | None = None
-_active: list[list] = []  # the running loops, outermost first: [what, done, total, start]
+_active: list[_Loop] = []  # the running loops, outermost first
 _line: dict = {"cell": None, "handle": None, "shown": 0.0}
 
 
@@ -63,13 +73,13 @@ def showing(on: bool = True) -> Iterator[None]:
 
 def _text(now: float) -> str:
     parts = []
-    for what, done, total, _ in _active:
-        if total:
-            filled = WIDTH * done // total
-            parts.append(f"{what} {'█' * filled}{'░' * (WIDTH - filled)} {done}/{total}")
+    for loop in _active:
+        if loop.total:
+            filled = WIDTH * loop.done // loop.total
+            parts.append(f"{loop.what} {'█' * filled}{'░' * (WIDTH - filled)} {loop.done}/{loop.total}")
         else:
-            parts.append(f"{what} {done}")
-    return " › ".join(parts) + f" · {now - _active[0][3]:.0f} s"
+            parts.append(f"{loop.what} {loop.done}")
+    return " › ".join(parts) + f" · {now - _active[0].start:.0f} s"
 
 
 def _show(force: bool = False, end: bool = False) -> None:
@@ -102,15 +112,15 @@ def progress(iterable: Iterable[T], what: str, total: int | None = None) -> Iter
         return
     if total is None and hasattr(iterable, "__len__"):
         total = len(iterable)
-    entry = [what, 0, total, time.monotonic()]
-    _active.append(entry)
+    loop = _Loop(what, total)
+    _active.append(loop)  # an exception in the loop's body closes this generator, and its finally removes it
     try:
         _show(force=len(_active) == 1)
         for item in iterable:
             yield item
-            entry[1] += 1
+            loop.done += 1
             _show()
     finally:
-        if len(_active) == 1:
+        if _active[:1] == [loop]:
             _show(force=True, end=True)
-        _active.remove(entry)
+        _active[:] = [other for other in _active if other is not loop]
