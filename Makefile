@@ -1,4 +1,4 @@
-# `make book` and `make test` set everything up themselves in .venv: python3 (3.10+),
+# `make book`, `make test` and `make lab` set everything up themselves in .venv: python3 (3.10+),
 # make and git are all a machine needs, and `make test` also needs Chromium for its browser
 # check (installed from Debian's packages when missing). Re-running reinstalls nothing that is
 # current: the install is stamped with a hash of requirements.txt and pyproject.toml.
@@ -35,17 +35,19 @@ JB_FLAGS := -W -n --keep-going
 book: build-book
 	@echo "The book: $(CURDIR)/_build/html/index.html"
 
-# The notebooks in JupyterLab, run on this machine with the kernel "Python 3 (lnbook)" (.venv);
-# nothing is fetched from outside. A taken port moves to the next free one: make lab LAB_PORT=9999
+# The notebooks in JupyterLab, run on this machine in .venv: working copies in _build/lab, the
+# kernel "Python 3 (lnbook)", nothing fetched from outside. A taken port moves to the next free
+# one; make lab LAB_PORT=9999 asks for another, LAB_ARGS passes more (tools/lab.py --help).
 LAB_PORT ?= 8888
+LAB_ARGS ?=
 lab: setup
-	$(BIN)/python tools/lab.py --port $(LAB_PORT) notebooks
+	$(BIN)/python tools/lab.py --port $(LAB_PORT) $(LAB_ARGS)
 
 setup: $(STAMP)
 
 $(STAMP):
 	@$(PYTHON) -c "import sys; sys.exit(0 if sys.version_info >= (3, 10) else f'Python 3.10 or newer is needed, and $(PYTHON) is Python {sys.version.split()[0]}: run make PYTHON=python3.x')"
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	test -x $(BIN)/pip || $(PYTHON) -m venv $(VENV)  # without its pip, a venv is half made: make it again
 	$(BIN)/python -m pip install -r requirements.txt
 	$(BIN)/python -m pip install --no-build-isolation -e .
 	rm -f $(VENV)/.installed-*

@@ -1,5 +1,5 @@
-"""`make lab`'s path, tested in a real browser: tools/lab.py serves a copy of chapter 00 with
-JupyterLab from this environment; headless Chromium opens it, picks the book's kernel and runs
+"""`make lab`'s path, tested in a real browser: `make lab` (tools/lab.py) serves working copies
+of the chapters with JupyterLab from this environment; headless Chromium opens it, picks the book's kernel and runs
 every cell; no cell may fail, a known output must appear, the figures must render, and a loop
 through lnbook.progress (one cell added to the copy) must show its progress line. Every
 request away from the server is blocked and recorded: the page must need none (offline)."""
@@ -61,28 +61,33 @@ def wait_for_server(server: subprocess.Popen, url: str, log: Path, seconds: floa
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """``(base URL, log)`` of JupyterLab started by tools/lab.py on a copy of chapter 00; stopped
-    afterwards, whatever happened."""
-    folder = tmp_path_factory.mktemp("lab")
-    nb = json.loads(CHAPTER.read_text())  # a copy, as JupyterLab may autosave, with a loop that shows its progress
+    """``(base URL, log)`` of JupyterLab started by ``make lab`` on working copies in a temporary
+    folder, chapter 00's copy already there with one cell added (a reader's copy stays as it is);
+    stopped afterwards, whatever happened."""
+    copies = tmp_path_factory.mktemp("lab")
+    nb = json.loads(CHAPTER.read_text())
     nb["cells"].append({"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None, "source": PROGRESS_CELL})
-    (folder / CHAPTER.name).write_text(json.dumps(nb))
-    log = folder.parent / "jupyterlab.log"
+    (copies / "notebooks").mkdir()
+    (copies / "notebooks" / CHAPTER.name).write_text(json.dumps(nb))
+    log = copies.parent / "jupyterlab.log"
     port = lab.choose_port(18888)
+    make = ["make", "--no-print-directory", "-C", str(ROOT), "lab", f"LAB_PORT={port}",
+            f"LAB_ARGS=--no-browser --token {TOKEN} --copies {copies}"]
+    environment = {**os.environ, "JUPYTER_DATA_DIR": str(copies.parent / "jupyter")}  # the kernel spec goes there
     with log.open("w") as out:
-        server = subprocess.Popen([sys.executable, str(ROOT / "tools" / "lab.py"), "--port", str(port), "--token", TOKEN,
-                                   "--no-browser", str(folder)], stdout=out, stderr=subprocess.STDOUT)
+        server = subprocess.Popen(make, stdout=out, stderr=subprocess.STDOUT, env=environment, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
         wait_for_server(server, f"{base}/api/status?token={TOKEN}", log)
         yield base, log
     finally:
-        server.send_signal(signal.SIGTERM)  # JupyterLab shuts its kernels down on SIGTERM
+        os.killpg(server.pid, signal.SIGTERM)  # JupyterLab shuts its kernels down on SIGTERM
         try:
             server.wait(30)
         except subprocess.TimeoutExpired:
-            server.kill()
+            os.killpg(server.pid, signal.SIGKILL)
             server.wait()
+    assert sorted(p.name for p in (copies / "notebooks").glob("*.ipynb")) == sorted(p.name for p in CHAPTER.parent.glob("*.ipynb"))
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +113,7 @@ def run_all(served, tmp_path_factory):
         page = context.new_page()
         page.on("pageerror", lambda e: js_errors.append(e.message))
         page.set_default_timeout(60_000)
-        page.goto(f"{base}/lab/tree/{CHAPTER.name}?token={TOKEN}")
+        page.goto(f"{base}/?token={TOKEN}")  # make lab opens chapter 00
         kernel_name = page.locator(".jp-NotebookPanel-toolbar .jp-Toolbar-kernelName")
         kernel_name.filter(has_not_text="No Kernel").wait_for()  # the notebook's own kernel has started
         kernel_name.click()
@@ -145,8 +150,12 @@ def test_known_output_figures_and_a_progress_line_appear(run_all):
     assert len(seen["decoded"]) == stored_figures(CHAPTER) > 0 and all(seen["decoded"])
 
 
-def test_nothing_is_fetched_from_outside(run_all):
+def test_nothing_is_fetched_from_outside(run_all, served):
     assert run_all[1] <= ALLOWED_BLOCKED  # the Colab badge only, which the page does not need
+    base, _ = served
+    for api, empty in (("news", {"news": []}), ("update", {"notification": None})):  # the server's own fetches
+        with urllib.request.urlopen(f"{base}/lab/api/{api}?token={TOKEN}", timeout=10) as answer:
+            assert json.load(answer) == empty
 
 
 def test_a_taken_port_moves_to_the_next_free_one_and_says_so(capsys):
@@ -167,9 +176,22 @@ def test_make_lab_names_a_python_that_is_too_old(tmp_path):
                    "sys.version = '3.9.18 (main)'\ncode, sys.argv = sys.argv[2], ['-c', *sys.argv[3:]]\nexec(code)\n")
     old.chmod(0o755)
     make = subprocess.run(["make", "--no-print-directory", "-C", str(ROOT), "lab", f"PYTHON={old}", f"VENV={tmp_path / 'venv'}"],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, timeout=60)
     assert make.returncode != 0 and not (tmp_path / "venv").exists()
     assert f"Python 3.10 or newer is needed, and {old} is Python 3.9.18: run make PYTHON=python3.x" in make.stderr
+
+
+def test_working_copies_are_made_once_and_then_left_to_the_reader(tmp_path, capsys):
+    source = tmp_path / "book" / "notebooks"
+    source.mkdir(parents=True)
+    (source / "01_a.ipynb").write_text("chapter")
+    assert lab.working_copies(tmp_path / "copies", source) == []
+    copy = tmp_path / "copies" / "notebooks" / "01_a.ipynb"
+    copy.write_text("the reader's work")
+    os.utime(copy, (0, 0))  # older than the chapter, as after a git pull that changed it
+    assert lab.working_copies(tmp_path / "copies", source) == [
+        f"notebooks/01_a.ipynb has changed since {copy} was copied; delete that copy to get the new version."]
+    assert copy.read_text() == "the reader's work"
 
 
 def test_the_lab_command_asks_nothing_of_the_internet():

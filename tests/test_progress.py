@@ -50,6 +50,16 @@ def test_loops_inside_loops_share_one_line(capsys):
     assert last.startswith("runs ") and " 2/2" in last and "epochs" not in last  # the outer loop's line, finished
 
 
+def test_the_line_follows_the_loop_at_most_every_quarter_second(capsys, monkeypatch):
+    with showing(True):
+        monkeypatch.setattr(progress_module, "EVERY", 0.0)
+        list(progress(range(3), "steps"))
+        assert [line.split(" · ")[0][-3:] for line in capsys.readouterr().err.split("\r")[1:]] == ["0/3", "1/3", "2/3", "3/3", "3/3"]
+        monkeypatch.setattr(progress_module, "EVERY", 3600.0)
+        list(progress(range(3), "steps"))
+        assert [line.split(" · ")[0][-3:] for line in capsys.readouterr().err.split("\r")[1:]] == ["0/3", "3/3"]
+
+
 def test_the_setting_is_checked(monkeypatch):
     monkeypatch.setenv("LNBOOK_PROGRESS", "yes")
     with pytest.raises(ValueError, match="LNBOOK_PROGRESS must be 0 or 1, got 'yes'"):
@@ -57,7 +67,9 @@ def test_the_setting_is_checked(monkeypatch):
     monkeypatch.setenv("LNBOOK_PROGRESS", "0")
     assert shown() is False
     with pytest.raises(TypeError, match="what must be a non-empty string"):
-        list(progress(range(2), ""))
+        progress(range(2), "")
+    with pytest.raises(TypeError, match="total must be a non-negative int or None, got -1"):
+        progress(range(2), "steps", total=-1)
     with pytest.raises(TypeError, match="on must be True or False"):
         with showing("yes"):
             pass

@@ -1,34 +1,55 @@
 """Serve the book's notebooks in JupyterLab from .venv, offline: what `make lab` runs.
 
-    .venv/bin/python tools/lab.py [--port 8888] [--token TOKEN] [--no-browser] [notebooks]
+    .venv/bin/python tools/lab.py [--port 8888] [--copies _build/lab] [--token TOKEN] [--no-browser]
 
-It registers the kernel "lnbook" (this Python, which has lnbook installed) in this environment,
-takes the port asked for or, when that one is taken, the next free one and says so, and starts
-JupyterLab on the folder with nothing fetched from outside (no news feed, no update check, no
-extension catalogue). Ctrl-C stops it.
+JupyterLab serves working copies of the chapters (``_build/lab/notebooks/``, made on first use
+and then left alone), so that running and saving them never changes the committed notebooks,
+whose outputs the book shows and nbval compares. It registers the kernel "Python 3 (lnbook)",
+this Python, for every Jupyter of this user; takes the port asked for or, when that one is taken,
+the next free one and says so; and starts JupyterLab with nothing fetched from outside (no news
+feed, no update check, no extension catalogue). Ctrl-C twice stops it.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import socket
 import sys
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
 KERNEL = "lnbook"
 KERNEL_DISPLAY_NAME = "Python 3 (lnbook)"
 CONFIG = Path(__file__).resolve().parent / "lab_config"
+FIRST_CHAPTER = "notebooks/00_quickstart.ipynb"
 # JupyterLab's settings for a machine with no outside network: nothing asks the internet.
 OFFLINE = ["--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
            "--LabApp.extension_manager=readonly"]
 
 
-def register_kernel(prefix: str = sys.prefix) -> Path:
-    """Install the kernel spec ``lnbook``, running this Python, under ``prefix``; return its folder."""
+def register_kernel() -> Path:
+    """Install the kernel spec ``lnbook``, running this Python, for this user; return its folder."""
     from ipykernel.kernelspec import install
 
-    return Path(install(kernel_name=KERNEL, display_name=KERNEL_DISPLAY_NAME, prefix=prefix))
+    return Path(install(kernel_name=KERNEL, display_name=KERNEL_DISPLAY_NAME, user=True))
+
+
+def working_copies(copies: Path, source: Path = ROOT / "notebooks") -> list[str]:
+    """Copy every notebook of ``source`` that ``copies``/notebooks lacks; a copy already there is
+    the reader's and stays. Returns a notice for each copy older than its chapter."""
+    into = copies / "notebooks"
+    into.mkdir(parents=True, exist_ok=True)
+    notices = []
+    for chapter in sorted(source.glob("*.ipynb")):
+        copy = into / chapter.name
+        if not copy.exists():
+            shutil.copy2(chapter, copy)
+        elif copy.stat().st_mtime < chapter.stat().st_mtime:
+            notices.append(f"{chapter.relative_to(source.parent)} has changed since {copy} was copied; "
+                           "delete that copy to get the new version.")
+    return notices
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -60,9 +81,10 @@ def lab_environment() -> dict[str, str]:
 
 
 def lab_command(folder: Path, port: int, token: str | None = None, browser: bool = True) -> list[str]:
-    """The command line that serves ``folder`` with this Python's JupyterLab on 127.0.0.1:``port``."""
+    """The command line that serves ``folder`` with this Python's JupyterLab on 127.0.0.1:``port``,
+    opening chapter 00."""
     command = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={folder}", "--ip=127.0.0.1", f"--port={port}",
-               "--ServerApp.port_retries=0",
+               "--ServerApp.port_retries=0", f"--LabApp.default_url=/lab/tree/{FIRST_CHAPTER}",
                f"--MappingKernelManager.default_kernel_name={KERNEL}", *OFFLINE]
     if token is not None:
         command.append(f"--IdentityProvider.token={token}")
@@ -75,16 +97,18 @@ def lab_command(folder: Path, port: int, token: str | None = None, browser: bool
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folder", nargs="?", type=Path, default=Path(__file__).resolve().parents[1] / "notebooks")
     parser.add_argument("--port", type=int, default=8888, help="the port to serve on, or the next free one")
+    parser.add_argument("--copies", type=Path, default=ROOT / "_build" / "lab", help="where the working copies live")
     parser.add_argument("--token", help="the token to log in with (default: a new random one, printed)")
     parser.add_argument("--no-browser", action="store_true", help="do not open a browser")
     args = parser.parse_args(argv)
-    if not args.folder.is_dir():
-        raise SystemExit(f"folder: {args.folder} is not a folder")
-    spec = register_kernel()
-    print(f"Kernel {KERNEL!r} ({KERNEL_DISPLAY_NAME}) registered in {spec}; pick it under Kernel > Change Kernel.")
-    command = lab_command(args.folder.resolve(), choose_port(args.port), args.token, not args.no_browser)
+    for notice in working_copies(args.copies):
+        print(notice)
+    print(f"Kernel {KERNEL_DISPLAY_NAME!r} (this Python) registered in {register_kernel()}: other Jupyter installs "
+          "of yours can use it too. Here the notebooks' own kernel, 'Python 3 (ipykernel)', is the same Python.")
+    print(f"Serving working copies of the chapters from {args.copies.resolve() / 'notebooks'}: "
+          "run and save them freely, the committed notebooks do not change.", flush=True)
+    command = lab_command(args.copies.resolve(), choose_port(args.port), args.token, not args.no_browser)
     os.execve(command[0], command, lab_environment())  # JupyterLab takes over this process, and Ctrl-C is its own
 
 

@@ -107,12 +107,16 @@ def progress(iterable: Iterable[T], what: str, total: int | None = None) -> Iter
     defaults to ``len(iterable)`` where it has one); silent where :func:`shown` is False."""
     if not isinstance(what, str) or not what:
         raise TypeError(f"what must be a non-empty string naming the loop, got {what!r}")
+    if total is not None and (not isinstance(total, int) or total < 0):
+        raise TypeError(f"total must be a non-negative int or None, got {total!r}")
     if not shown():
-        yield from iterable
-        return
+        return iter(iterable)
     if total is None and hasattr(iterable, "__len__"):
         total = len(iterable)
-    loop = _Loop(what, total)
+    return _shown_loop(iterable, _Loop(what, total))
+
+
+def _shown_loop(iterable: Iterable[T], loop: _Loop) -> Iterator[T]:
     _active.append(loop)  # an exception in the loop's body closes this generator, and its finally removes it
     try:
         _show(force=len(_active) == 1)

@@ -540,6 +540,7 @@ def cpu_workers(processes: int = 2) -> Executor | None:
 
 def _init_worker() -> None:
     torch.set_num_threads(1)
+    os.environ["LNBOOK_PROGRESS"] = "0"  # the notebook shows the runs finishing; a worker's own lines would go to the server's log
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is the notebook's to handle, not each worker's
 
 
