@@ -35,9 +35,9 @@ JB_FLAGS := -W -n --keep-going
 book: build-book
 	@echo "The book: $(CURDIR)/_build/html/index.html"
 
-# The notebooks in JupyterLab, run on this machine in .venv: working copies in _build/lab, the
-# kernel "Python 3 (lnbook)", nothing fetched from outside. A taken port moves to the next free
-# one; make lab LAB_PORT=9999 asks for another, LAB_ARGS passes more (tools/lab.py --help).
+# The notebooks in JupyterLab, run on this machine in .venv: working copies in lab/ (ignored by
+# git), the kernel "Python 3 (lnbook)", nothing fetched from outside. A taken port moves to the
+# next free one; make lab LAB_PORT=9999 asks for another, LAB_ARGS passes more (tools/lab.py -h).
 LAB_PORT ?= 8888
 LAB_ARGS ?=
 lab: setup

@@ -1,10 +1,10 @@
 """Serve the book's notebooks in JupyterLab from .venv, offline: what `make lab` runs.
 
-    .venv/bin/python tools/lab.py [--port 8888] [--copies _build/lab] [--token TOKEN] [--no-browser]
+    .venv/bin/python tools/lab.py [--port 8888] [--copies lab] [--token TOKEN] [--no-browser]
 
-JupyterLab serves working copies of the chapters (``_build/lab/notebooks/``, made on first use
-and then left alone), so that running and saving them never changes the committed notebooks,
-whose outputs the book shows and nbval compares. It registers the kernel "Python 3 (lnbook)",
+JupyterLab serves working copies of the chapters (``lab/notebooks/``, ignored by git, made on
+first use and then left alone), so that running and saving them never changes the committed
+notebooks, whose outputs the book shows and nbval compares. It registers the kernel "Python 3 (lnbook)",
 this Python, for every Jupyter of this user; takes the port asked for or, when that one is taken,
 the next free one and says so; and starts JupyterLab with nothing fetched from outside (no news
 feed, no update check, no extension catalogue). Ctrl-C twice stops it.
@@ -98,7 +98,7 @@ def lab_command(folder: Path, port: int, token: str | None = None, browser: bool
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8888, help="the port to serve on, or the next free one")
-    parser.add_argument("--copies", type=Path, default=ROOT / "_build" / "lab", help="where the working copies live")
+    parser.add_argument("--copies", type=Path, default=ROOT / "lab", help="where the working copies live")
     parser.add_argument("--token", help="the token to log in with (default: a new random one, printed)")
     parser.add_argument("--no-browser", action="store_true", help="do not open a browser")
     args = parser.parse_args(argv)
