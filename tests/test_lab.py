@@ -25,6 +25,12 @@ CHAPTER = ROOT / "notebooks" / "00_quickstart.ipynb"
 TOKEN = "lnbook-browser-test"
 KNOWN_OUTPUT = "batch shape (B, T, F): (3, 5, 4)  lengths: [5, 2, 4]"
 PROGRESS_CELL = "from lnbook.progress import progress\n\nfor _ in progress(range(3), 'a long loop'):\n    pass"
+# True in the page once every code cell has run, or one has failed (Run All stops there).
+FINISHED = """() => {
+  const prompts = [...document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputPrompt')].map(p => p.textContent.trim());
+  const stderr = [...document.querySelectorAll('.jp-Notebook .jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')];
+  return prompts.length > 0 && (prompts.every(p => /^\\[\\d+\\]:$/.test(p)) || stderr.some(e => /Traceback/.test(e.textContent)));
+}"""
 # Runs in the page: each code cell's prompt, error outputs, and whether each figure decodes.
 INSPECT = """async () => {
   const cells = [...document.querySelectorAll('.jp-Notebook .jp-CodeCell')];
@@ -47,8 +53,7 @@ def stored_figures(path: Path) -> int:
 
 
 def wait_for_server(server: subprocess.Popen, url: str, log: Path, seconds: float = 90) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    for _ in range(int(seconds / 0.3)):
         if server.poll() is not None:
             pytest.fail(f"JupyterLab exited with status {server.returncode}:\n{log.read_text()[-3000:]}")
         try:
@@ -62,10 +67,13 @@ def wait_for_server(server: subprocess.Popen, url: str, log: Path, seconds: floa
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """``(base URL, log)`` of JupyterLab started by ``make lab`` on working copies in a temporary
-    folder, chapter 00's copy already there with one cell added (a reader's copy stays as it is);
-    stopped afterwards, whatever happened."""
+    folder, chapter 00's copy already there (a reader's copy stays as it is), its outputs cleared
+    and one cell added; stopped afterwards, whatever happened."""
     copies = tmp_path_factory.mktemp("lab")
     nb = json.loads(CHAPTER.read_text())
+    for cell in nb["cells"]:  # what the page shows afterwards must come from this run
+        if cell["cell_type"] == "code":
+            cell["outputs"], cell["execution_count"] = [], None
     nb["cells"].append({"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None, "source": PROGRESS_CELL})
     (copies / "notebooks").mkdir()
     (copies / "notebooks" / CHAPTER.name).write_text(json.dumps(nb))
@@ -124,12 +132,8 @@ def run_all(served, tmp_path_factory):
         page.locator(".jp-NotebookPanel-toolbar .jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for()
         page.get_by_role("menuitem", name="Run", exact=True).click()
         page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
-        deadline = time.monotonic() + 150
-        while True:
-            seen = page.evaluate(INSPECT)
-            if all(p not in ("[ ]:", "[*]:") for p in seen["prompts"]) or seen["errors"] or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
+        page.wait_for_function(FINISHED, timeout=150_000)
+        seen = page.evaluate(INSPECT)
         page.screenshot(path=str(tmp_path_factory.mktemp("screens") / "lab.png"))
         browser.close()
     return seen, blocked, js_errors, log
