@@ -62,15 +62,13 @@ def test_the_line_follows_the_loop_at_most_every_quarter_second(capsys, monkeypa
 
 def test_the_setting_is_checked(monkeypatch):
     monkeypatch.setenv("LNBOOK_PROGRESS", "yes")
-    with pytest.raises(ValueError, match="LNBOOK_PROGRESS must be 0 or 1, got 'yes'"):
+    with pytest.raises(ValueError, match=r"LNBOOK_PROGRESS must be one of \('0', '1'\), got 'yes'"):
         shown()
     monkeypatch.setenv("LNBOOK_PROGRESS", "0")
     assert shown() is False
-    with pytest.raises(TypeError, match="what must be a non-empty string"):
-        progress(range(2), "")
-    with pytest.raises(TypeError, match="total must be a non-negative int or None, got -1"):
+    with pytest.raises(ValueError, match="total must be a non-negative int, got -1"):
         progress(range(2), "steps", total=-1)
-    with pytest.raises(TypeError, match="on must be True or False"):
+    with pytest.raises(TypeError, match="on must be a bool, got str"):
         with showing("yes"):
             pass
 

@@ -21,6 +21,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from ._checks import check_bool, check_choice, check_int
+
 T = TypeVar("T")
 WIDTH = 20  # characters of a bar
 EVERY = 0.25  # seconds between two updates of the line
@@ -52,9 +54,7 @@ def shown() -> bool:
         return _forced
     setting = os.environ.get("LNBOOK_PROGRESS")
     if setting is not None:
-        if setting not in ("0", "1"):
-            raise ValueError(f"the environment variable LNBOOK_PROGRESS must be 0 or 1, got {setting!r}")
-        return setting == "1"
+        return check_choice(setting, ("0", "1"), "the environment variable LNBOOK_PROGRESS") == "1"
     return _kernel_shell() is not None and ("JPY_SESSION_NAME" in os.environ or "google.colab" in sys.modules)
 
 
@@ -62,9 +62,7 @@ def shown() -> bool:
 def showing(on: bool = True) -> Iterator[None]:
     """Show (``on=True``) or hide every progress line inside the ``with`` block, wherever it runs."""
     global _forced
-    if not isinstance(on, bool):
-        raise TypeError(f"on must be True or False, got {on!r}")
-    before, _forced = _forced, on
+    before, _forced = _forced, check_bool(on, "on")
     try:
         yield
     finally:
@@ -105,10 +103,8 @@ def _show(force: bool = False, end: bool = False) -> None:
 def progress(iterable: Iterable[T], what: str, total: int | None = None) -> Iterator[T]:
     """Yield from ``iterable`` and show how far it has got, as ``what done/total`` (``total``
     defaults to ``len(iterable)`` where it has one); silent where :func:`shown` is False."""
-    if not isinstance(what, str) or not what:
-        raise TypeError(f"what must be a non-empty string naming the loop, got {what!r}")
-    if total is not None and (not isinstance(total, int) or total < 0):
-        raise TypeError(f"total must be a non-negative int or None, got {total!r}")
+    if total is not None:
+        check_int(total, "total")
     if not shown():
         return iter(iterable)
     if total is None and hasattr(iterable, "__len__"):
