@@ -36,8 +36,9 @@ book: build-book
 	@echo "The book: $(CURDIR)/_build/html/index.html"
 
 # The notebooks in JupyterLab, run on this machine in .venv: working copies in lab/ (ignored by
-# git), the kernel "Python 3 (lnbook)", nothing fetched from outside. A taken port moves to the
-# next free one; make lab LAB_PORT=9999 asks for another, LAB_ARGS passes more (tools/lab.py -h).
+# git), .venv's Python also registered as the kernel "Python 3 (lnbook)" for other Jupyter front
+# ends, nothing fetched from outside. A taken port moves to the next free one; make lab
+# LAB_PORT=9999 asks for another, LAB_ARGS passes more (tools/lab.py -h).
 LAB_PORT ?= 8888
 LAB_ARGS ?=
 lab: setup

@@ -185,17 +185,39 @@ def test_make_lab_names_a_python_that_is_too_old(tmp_path):
     assert f"Python 3.10 or newer is needed, and {old} is Python 3.9.18: run make PYTHON=python3.x" in make.stderr
 
 
-def test_working_copies_are_made_once_and_then_left_to_the_reader(tmp_path, capsys):
+def test_working_copies_are_made_once_and_then_left_to_the_reader(tmp_path):
     source = tmp_path / "book" / "notebooks"
     source.mkdir(parents=True)
+    (source.parent / "benchmarks").mkdir()
     (source / "01_a.ipynb").write_text("chapter")
     assert lab.working_copies(tmp_path / "copies", source) == []
     copy = tmp_path / "copies" / "notebooks" / "01_a.ipynb"
+    assert copy.read_text() == "chapter" and (tmp_path / "copies" / "benchmarks").resolve() == source.parent / "benchmarks"
     copy.write_text("the reader's work")
-    os.utime(copy, (0, 0))  # older than the chapter, as after a git pull that changed it
-    assert lab.working_copies(tmp_path / "copies", source) == [
-        f"notebooks/01_a.ipynb has changed since {copy} was copied; delete that copy to get the new version."]
-    assert copy.read_text() == "the reader's work"
+    assert lab.working_copies(tmp_path / "copies", source) == []
+    (source / "01_a.ipynb").write_text("chapter, revised")  # as after a git pull
+    notice = f"notebooks/01_a.ipynb has changed since {copy} was copied; delete that copy to get the new version."
+    copy.write_text("the reader's work, saved again")  # however recent the copy, the notice stays
+    assert lab.working_copies(tmp_path / "copies", source) == [notice] == lab.working_copies(tmp_path / "copies", source)
+    assert copy.read_text() == "the reader's work, saved again"
+    copy.unlink()
+    assert lab.working_copies(tmp_path / "copies", source) == [] and copy.read_text() == "chapter, revised"
+
+
+def test_the_default_copies_are_ignored_by_git():
+    copy = (lab.COPIES / "notebooks" / CHAPTER.name).relative_to(ROOT)
+    ignored = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", str(copy)])
+    assert ignored.returncode == 0
+
+
+def test_a_second_server_on_the_same_copies_is_refused(tmp_path, monkeypatch):
+    import jupyter_server.serverapp
+
+    running = [{"root_dir": str(tmp_path), "url": "http://127.0.0.1:8888/", "token": "abc"}]
+    monkeypatch.setattr(jupyter_server.serverapp, "list_running_servers", lambda: iter(running))
+    assert lab.running_server(tmp_path / "elsewhere") is None
+    with pytest.raises(SystemExit, match=r"JupyterLab already serves .*: open http://127.0.0.1:8888/lab\?token=abc"):
+        lab.main(["--copies", str(tmp_path)])
 
 
 def test_the_lab_command_asks_nothing_of_the_internet():

@@ -13,6 +13,8 @@ feed, no update check, no extension catalogue). Ctrl-C twice stops it.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import shutil
 import socket
@@ -20,6 +22,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+COPIES = ROOT / "lab"  # the working copies, ignored by git
 KERNEL = "lnbook"
 KERNEL_DISPLAY_NAME = "Python 3 (lnbook)"
 CONFIG = Path(__file__).resolve().parent / "lab_config"
@@ -38,18 +41,36 @@ def register_kernel() -> Path:
 
 def working_copies(copies: Path, source: Path = ROOT / "notebooks") -> list[str]:
     """Copy every notebook of ``source`` that ``copies``/notebooks lacks; a copy already there is
-    the reader's and stays. Returns a notice for each copy older than its chapter."""
+    the reader's and stays. Returns a notice for each copy whose chapter has changed since it was
+    copied (``copies``/sources.json keeps each chapter's hash at its copy). ``copies``/benchmarks
+    links to the repository's, so that the chapters' ``../benchmarks/...`` paths resolve as they do
+    from notebooks/."""
     into = copies / "notebooks"
     into.mkdir(parents=True, exist_ok=True)
+    benchmarks = copies / "benchmarks"
+    if not benchmarks.is_symlink() and (source.parent / "benchmarks").is_dir():
+        benchmarks.symlink_to(source.parent / "benchmarks", target_is_directory=True)
+    manifest = copies / "sources.json"
+    copied = json.loads(manifest.read_text()) if manifest.exists() else {}
     notices = []
     for chapter in sorted(source.glob("*.ipynb")):
+        digest = hashlib.sha256(chapter.read_bytes()).hexdigest()
         copy = into / chapter.name
         if not copy.exists():
-            shutil.copy2(chapter, copy)
-        elif copy.stat().st_mtime < chapter.stat().st_mtime:
+            shutil.copyfile(chapter, copy)
+            copied[chapter.name] = digest
+        elif copied.get(chapter.name) != digest:
             notices.append(f"{chapter.relative_to(source.parent)} has changed since {copy} was copied; "
                            "delete that copy to get the new version.")
+    manifest.write_text(json.dumps(copied, indent=1, sort_keys=True))
     return notices
+
+
+def running_server(copies: Path) -> dict | None:
+    """The Jupyter server of this user that already serves ``copies``, if one runs."""
+    from jupyter_server.serverapp import list_running_servers
+
+    return next((info for info in list_running_servers() if Path(info["root_dir"]).resolve() == copies.resolve()), None)
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -98,14 +119,19 @@ def lab_command(folder: Path, port: int, token: str | None = None, browser: bool
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8888, help="the port to serve on, or the next free one")
-    parser.add_argument("--copies", type=Path, default=ROOT / "lab", help="where the working copies live")
+    parser.add_argument("--copies", type=Path, default=COPIES, help="where the working copies live")
     parser.add_argument("--token", help="the token to log in with (default: a new random one, printed)")
     parser.add_argument("--no-browser", action="store_true", help="do not open a browser")
     args = parser.parse_args(argv)
+    serving = running_server(args.copies)
+    if serving is not None:  # two servers saving the same copies would overwrite each other's work
+        raise SystemExit(f"JupyterLab already serves {args.copies.resolve()}: open {serving['url']}lab?token={serving['token']} "
+                         "or stop that one (Ctrl-C twice in its terminal) first.")
     for notice in working_copies(args.copies):
         print(notice)
-    print(f"Kernel {KERNEL_DISPLAY_NAME!r} (this Python) registered in {register_kernel()}: other Jupyter installs "
-          "of yours can use it too. Here the notebooks' own kernel, 'Python 3 (ipykernel)', is the same Python.")
+    print(f"Kernel {KERNEL_DISPLAY_NAME!r} (this Python) registered in {register_kernel()} for your other Jupyter "
+          "front ends (jupyter kernelspec uninstall lnbook removes it). Here the notebooks' own kernel, "
+          "'Python 3 (ipykernel)', is the same Python.")
     print(f"Serving working copies of the chapters from {args.copies.resolve() / 'notebooks'}: "
           "run and save them freely, the committed notebooks do not change.", flush=True)
     command = lab_command(args.copies.resolve(), choose_port(args.port), args.token, not args.no_browser)

@@ -2,8 +2,8 @@
 
 ``progress(range(steps), "steps")`` yields what the range yields and, while it runs, keeps one
 line up to date: in a notebook a reader opened (JupyterLab, Jupyter Notebook, Colab) an output
-line under the cell, one per cell; in a terminal, when asked, a line on stderr. Loops inside
-loops share the line (``runs 3/20 › epochs 12/40``). Anywhere else (nbval, nbclient, scripts,
+line under the cell; in a terminal, when asked, a line on stderr. Loops inside loops share their
+outermost loop's line (``runs 3/20 › epochs 12/40``). Anywhere else (nbval, nbclient, scripts,
 tests) nothing is shown, so stored outputs and the built book never contain a bar.
 
 Who decides, first to last: ``with showing(True or False):``, then the environment variable
@@ -38,7 +38,7 @@ class _Loop:
 
 _forced: bool | None = None
 _active: list[_Loop] = []  # the running loops, outermost first
-_line: dict = {"cell": None, "handle": None, "shown": 0.0}
+_line: dict = {"handle": None, "shown": 0.0}  # the outermost loop's display in a notebook; its last update
 
 
 def _kernel_shell():
@@ -87,17 +87,18 @@ def _show(force: bool = False, end: bool = False) -> None:
         return
     _line["shown"] = now
     text = _text(now)
-    shell = _kernel_shell()
-    if shell is None:  # a terminal: one line on stderr, rewritten in place
-        sys.stderr.write(f"\r{text}" + ("\n" if end else ""))
+    if _kernel_shell() is None:  # a terminal: one line on stderr, rewritten in place (ESC [K clears its old tail)
+        sys.stderr.write(f"\r{text}\x1b[K" + ("\n" if end else ""))
         sys.stderr.flush()
         return
     from IPython.display import display
 
-    if _line["cell"] != shell.execution_count or _line["handle"] is None:  # a new cell: a line of its own
-        _line["cell"], _line["handle"] = shell.execution_count, display({"text/plain": text}, raw=True, display_id=True)
+    if _line["handle"] is None:  # a new outermost loop: a line of its own under the cell
+        _line["handle"] = display({"text/plain": text}, raw=True, display_id=True)
     else:
         _line["handle"].update({"text/plain": text}, raw=True)
+    if end:
+        _line["handle"] = None
 
 
 def progress(iterable: Iterable[T], what: str, total: int | None = None) -> Iterator[T]:
