@@ -4,10 +4,11 @@
 
 JupyterLab serves working copies of the chapters (``lab/notebooks/``, ignored by git, made on
 first use and then left alone), so that running and saving them never changes the committed
-notebooks, whose outputs the book shows and nbval compares. It registers the kernel "Python 3 (lnbook)",
-this Python, for every Jupyter of this user; takes the port asked for or, when that one is taken,
-the next free one and says so; and starts JupyterLab with nothing fetched from outside (no news
-feed, no update check, no extension catalogue). Ctrl-C twice stops it.
+notebooks, whose outputs the book shows and nbval compares. It registers this Python as the
+kernel "Python 3 (lnbook)" for the user's other Jupyter front ends; takes the port asked for or,
+when that one is taken, the next free one and says so; and starts JupyterLab with nothing
+fetched from outside (no news feed, no update check, no extension catalogue). A second run on
+the same copies gives the running server's address instead. Ctrl-C twice stops it.
 """
 
 from __future__ import annotations
@@ -125,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     serving = running_server(args.copies)
     if serving is not None:  # two servers saving the same copies would overwrite each other's work
-        raise SystemExit(f"JupyterLab already serves {args.copies.resolve()}: open {serving['url']}lab?token={serving['token']} "
-                         "or stop that one (Ctrl-C twice in its terminal) first.")
+        raise SystemExit(f"JupyterLab already serves {args.copies.resolve()}: open "
+                         f"{serving['url']}lab?token={serving['token']} or stop that one (Ctrl-C twice in its terminal) first.")
     for notice in working_copies(args.copies):
         print(notice)
     print(f"Kernel {KERNEL_DISPLAY_NAME!r} (this Python) registered in {register_kernel()} for your other Jupyter "
