@@ -68,7 +68,8 @@ def wait_for_server(server: subprocess.Popen, url: str, log: Path, seconds: floa
 def served(tmp_path_factory):
     """``(base URL, log)`` of JupyterLab started by ``make lab`` on working copies in a temporary
     folder, chapter 00's copy already there (a reader's copy stays as it is), its outputs cleared
-    and one cell added; stopped afterwards, whatever happened."""
+    and one cell added; a second ``make lab`` on the same copies must give its address instead of
+    starting another. Stopped afterwards, whatever happened."""
     copies = tmp_path_factory.mktemp("lab")
     nb = json.loads(CHAPTER.read_text())
     for cell in nb["cells"]:  # what the page shows afterwards must come from this run
@@ -87,6 +88,9 @@ def served(tmp_path_factory):
     base = f"http://127.0.0.1:{port}"
     try:
         wait_for_server(server, f"{base}/api/status?token={TOKEN}", log)
+        second = subprocess.run([sys.executable, str(ROOT / "tools" / "lab.py"), "--no-browser", "--copies", str(copies)],
+                                capture_output=True, text=True, env=environment, timeout=60)
+        assert (second.returncode, second.stdout) == (0, f"JupyterLab already serves {copies}: open {base}/lab?token={TOKEN}\n")
         yield base, log
     finally:
         os.killpg(server.pid, signal.SIGTERM)  # JupyterLab shuts its kernels down on SIGTERM
@@ -185,39 +189,31 @@ def test_make_lab_names_a_python_that_is_too_old(tmp_path):
     assert f"Python 3.10 or newer is needed, and {old} is Python 3.9.18: run make PYTHON=python3.x" in make.stderr
 
 
-def test_working_copies_are_made_once_and_then_left_to_the_reader(tmp_path):
-    source = tmp_path / "book" / "notebooks"
+def test_working_copies_follow_the_chapters_but_never_overwrite_the_readers_work(tmp_path):
+    source, copies = tmp_path / "book" / "notebooks", tmp_path / "copies"
     source.mkdir(parents=True)
     (source.parent / "benchmarks").mkdir()
-    (source / "01_a.ipynb").write_text("chapter")
-    assert lab.working_copies(tmp_path / "copies", source) == []
-    copy = tmp_path / "copies" / "notebooks" / "01_a.ipynb"
-    assert copy.read_text() == "chapter" and (tmp_path / "copies" / "benchmarks").resolve() == source.parent / "benchmarks"
-    copy.write_text("the reader's work")
-    assert lab.working_copies(tmp_path / "copies", source) == []
-    (source / "01_a.ipynb").write_text("chapter, revised")  # as after a git pull
-    notice = f"notebooks/01_a.ipynb has changed since {copy} was copied; delete that copy to get the new version."
-    copy.write_text("the reader's work, saved again")  # however recent the copy, the notice stays
-    assert lab.working_copies(tmp_path / "copies", source) == [notice] == lab.working_copies(tmp_path / "copies", source)
-    assert copy.read_text() == "the reader's work, saved again"
-    copy.unlink()
-    assert lab.working_copies(tmp_path / "copies", source) == [] and copy.read_text() == "chapter, revised"
+    for name in ("01_a", "02_b"):
+        (source / f"{name}.ipynb").write_text(f"{name}, first edition")
+    assert lab.working_copies(copies, source) == []
+    a, b = (copies / "notebooks" / f"{name}.ipynb" for name in ("01_a", "02_b"))
+    assert a.read_text() == "01_a, first edition" and (copies / "benchmarks").resolve() == source.parent / "benchmarks"
+    assert not Path(os.readlink(copies / "benchmarks")).is_absolute()  # the link survives moving the clone
+    b.write_text("the reader's work")
+    for name in ("01_a", "02_b"):  # as after a git pull
+        (source / f"{name}.ipynb").write_text(f"{name}, second edition")
+    notice = (f"notebooks/02_b.ipynb has changed, and so has your copy {b}: rename the copy "
+              "(e.g. to 02_b.mine.ipynb) to keep it and get the new version.")
+    assert lab.working_copies(copies, source) == [notice] == lab.working_copies(copies, source)
+    assert a.read_text() == "01_a, second edition" and b.read_text() == "the reader's work"
+    b.rename(b.with_name("02_b.mine.ipynb"))
+    assert lab.working_copies(copies, source) == [] and b.read_text() == "02_b, second edition"
 
 
 def test_the_default_copies_are_ignored_by_git():
     copy = (lab.COPIES / "notebooks" / CHAPTER.name).relative_to(ROOT)
     ignored = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", str(copy)])
     assert ignored.returncode == 0
-
-
-def test_a_second_server_on_the_same_copies_is_refused(tmp_path, monkeypatch):
-    import jupyter_server.serverapp
-
-    running = [{"root_dir": str(tmp_path), "url": "http://127.0.0.1:8888/", "token": "abc"}]
-    monkeypatch.setattr(jupyter_server.serverapp, "list_running_servers", lambda: iter(running))
-    assert lab.running_server(tmp_path / "elsewhere") is None
-    with pytest.raises(SystemExit, match=r"JupyterLab already serves .*: open http://127.0.0.1:8888/lab\?token=abc"):
-        lab.main(["--copies", str(tmp_path)])
 
 
 def test_the_lab_command_asks_nothing_of_the_internet():

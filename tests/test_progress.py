@@ -82,12 +82,15 @@ def test_in_a_kernel_only_a_readers_session_shows_a_line(monkeypatch):
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_code_cell(loops),
         nbformat.v4.new_code_cell("import os\nos.environ['JPY_SESSION_NAME'] = 'chapter.ipynb'"),
-        nbformat.v4.new_code_cell(loops + "for _ in progress(range(2), 'again'):\n    pass\n")])
+        nbformat.v4.new_code_cell(loops + "for _ in progress(range(2), 'again'):\n    pass\n"),
+        nbformat.v4.new_code_cell("held = progress(range(5), 'held')\nnext(held)"),  # left unfinished
+        nbformat.v4.new_code_cell(loops)])
     NotebookClient(nb, kernel_name="python3", timeout=120).execute()
-    silent, _, shown_here = (cell.outputs for cell in nb.cells)
+    silent, _, shown_here, _, after_held = (cell.outputs for cell in nb.cells)
     assert silent == []
     assert [out.output_type for out in shown_here] == ["display_data", "display_data"]
     assert [re.sub(r"█+", "█", out.data["text/plain"].split(" · ")[0]) for out in shown_here] == ["demo █ 3/3", "again █ 2/2"]
+    assert [re.sub(r"█+", "█", out.data["text/plain"].split(" · ")[0]) for out in after_held] == ["demo █ 3/3"]  # its own line
 
 
 def test_a_loop_stopped_by_an_exception_leaves_no_trace(capsys):

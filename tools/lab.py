@@ -2,9 +2,9 @@
 
     .venv/bin/python tools/lab.py [--port 8888] [--copies lab] [--token TOKEN] [--no-browser]
 
-JupyterLab serves working copies of the chapters (``lab/notebooks/``, ignored by git, made on
-first use and then left alone), so that running and saving them never changes the committed
-notebooks, whose outputs the book shows and nbval compares. It registers this Python as the
+JupyterLab serves working copies of the chapters (``lab/notebooks/``, ignored by git; a copy
+the reader has changed is never replaced), so that running and saving them never changes the
+committed notebooks, whose outputs the book shows and nbval compares. It registers this Python as the
 kernel "Python 3 (lnbook)" for the user's other Jupyter front ends; takes the port asked for or,
 when that one is taken, the next free one and says so; and starts JupyterLab with nothing
 fetched from outside (no news feed, no update check, no extension catalogue). A second run on
@@ -40,30 +40,37 @@ def register_kernel() -> Path:
     return Path(install(kernel_name=KERNEL, display_name=KERNEL_DISPLAY_NAME, user=True))
 
 
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def working_copies(copies: Path, source: Path = ROOT / "notebooks") -> list[str]:
-    """Copy every notebook of ``source`` that ``copies``/notebooks lacks; a copy already there is
-    the reader's and stays. Returns a notice for each copy whose chapter has changed since it was
-    copied (``copies``/sources.json keeps each chapter's hash at its copy). ``copies``/benchmarks
-    links to the repository's, so that the chapters' ``../benchmarks/...`` paths resolve as they do
-    from notebooks/."""
+    """Copy every notebook of ``source`` that ``copies``/notebooks lacks, and replace a copy the
+    reader has not changed when its chapter has changed (``copies``/sources.json keeps the hash
+    each copy was made with). A changed copy is the reader's and stays: for it, this returns a
+    notice. ``copies``/benchmarks links to the repository's, so that the chapters'
+    ``../benchmarks/...`` paths resolve as they do from notebooks/."""
     into = copies / "notebooks"
     into.mkdir(parents=True, exist_ok=True)
     benchmarks = copies / "benchmarks"
-    if not benchmarks.is_symlink() and (source.parent / "benchmarks").is_dir():
-        benchmarks.symlink_to(source.parent / "benchmarks", target_is_directory=True)
+    if not benchmarks.exists() and (source.parent / "benchmarks").is_dir():  # missing, or left dangling by a move
+        benchmarks.unlink(missing_ok=True)
+        benchmarks.symlink_to(os.path.relpath(source.parent / "benchmarks", copies), target_is_directory=True)
     manifest = copies / "sources.json"
-    copied = json.loads(manifest.read_text()) if manifest.exists() else {}
+    made_from = json.loads(manifest.read_text()) if manifest.exists() else {}
     notices = []
     for chapter in sorted(source.glob("*.ipynb")):
-        digest = hashlib.sha256(chapter.read_bytes()).hexdigest()
-        copy = into / chapter.name
+        copy, now = into / chapter.name, digest(chapter)
+        if copy.exists() and made_from.get(chapter.name) != now:
+            if digest(copy) != made_from.get(chapter.name):  # the reader's work: never overwritten
+                notices.append(f"{chapter.relative_to(source.parent)} has changed, and so has your copy {copy}: "
+                               f"rename the copy (e.g. to {chapter.stem}.mine.ipynb) to keep it and get the new version.")
+                continue
+            copy.unlink()
         if not copy.exists():
             shutil.copyfile(chapter, copy)
-            copied[chapter.name] = digest
-        elif copied.get(chapter.name) != digest:
-            notices.append(f"{chapter.relative_to(source.parent)} has changed since {copy} was copied; "
-                           "delete that copy to get the new version.")
-    manifest.write_text(json.dumps(copied, indent=1, sort_keys=True))
+            made_from[chapter.name] = now
+    manifest.write_text(json.dumps(made_from, indent=1, sort_keys=True))
     return notices
 
 
@@ -126,15 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     serving = running_server(args.copies)
     if serving is not None:  # two servers saving the same copies would overwrite each other's work
-        raise SystemExit(f"JupyterLab already serves {args.copies.resolve()}: open "
-                         f"{serving['url']}lab?token={serving['token']} or stop that one (Ctrl-C twice in its terminal) first.")
+        print(f"JupyterLab already serves {args.copies.resolve()}: open {serving['url']}lab?token={serving['token']}")
+        return 0
     for notice in working_copies(args.copies):
         print(notice)
-    print(f"Kernel {KERNEL_DISPLAY_NAME!r} (this Python) registered in {register_kernel()} for your other Jupyter "
-          "front ends (jupyter kernelspec uninstall lnbook removes it). Here the notebooks' own kernel, "
-          "'Python 3 (ipykernel)', is the same Python.")
-    print(f"Serving working copies of the chapters from {args.copies.resolve() / 'notebooks'}: "
-          "run and save them freely, the committed notebooks do not change.", flush=True)
+    print(f"Working copies of the chapters: {args.copies.resolve() / 'notebooks'} (the committed ones do not change).")
+    print(f"Kernel: 'Python 3 (ipykernel)', this Python; also registered as {KERNEL_DISPLAY_NAME!r} for other Jupyter "
+          f"front ends in {register_kernel()}.", flush=True)
     command = lab_command(args.copies.resolve(), choose_port(args.port), args.token, not args.no_browser)
     os.execve(command[0], command, lab_environment())  # JupyterLab takes over this process, and Ctrl-C is its own
 

@@ -32,6 +32,7 @@ EVERY = 0.25  # seconds between two updates of the line
 class _Loop:
     what: str
     total: int | None
+    cell: int | None  # the notebook cell (execution count) it started in; None outside a kernel
     done: int = 0
     start: float = field(default_factory=time.monotonic)
 
@@ -110,10 +111,14 @@ def progress(iterable: Iterable[T], what: str, total: int | None = None) -> Iter
         return iter(iterable)
     if total is None and hasattr(iterable, "__len__"):
         total = len(iterable)
-    return _shown_loop(iterable, _Loop(what, total))
+    shell = _kernel_shell()
+    return _shown_loop(iterable, _Loop(what, total, shell.execution_count if shell is not None else None))
 
 
 def _shown_loop(iterable: Iterable[T], loop: _Loop) -> Iterator[T]:
+    if any(other.cell != loop.cell for other in _active):  # a loop an earlier cell left unfinished (held, not closed)
+        _active.clear()
+        _line["handle"] = None
     _active.append(loop)  # an exception in the loop's body closes this generator, and its finally removes it
     try:
         _show(force=len(_active) == 1)
