@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import lab
-from browser_check import ALLOWED_BLOCKED, CHROMIUM_ARGS
+from browser_check import ALLOWED_BLOCKED, local_browser
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTER = ROOT / "notebooks" / "00_quickstart.ipynb"
@@ -112,16 +112,7 @@ def run_all(served, tmp_path_factory):
     blocked: set[str] = set()
     js_errors: list[str] = []
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
-
-        def route(r):
-            if r.request.url.startswith(base):
-                return r.continue_()
-            blocked.add(r.request.url)
-            return r.abort("blockedbyclient")
-
-        context.route("**/*", route)
+        browser, context = local_browser(pw, chromium, base, blocked)
         page = context.new_page()
         page.on("pageerror", lambda e: js_errors.append(e.message))
         page.set_default_timeout(60_000)

@@ -104,6 +104,22 @@ def html_pages(root: Path) -> list[str]:
                   if not any(part.startswith("_") for part in p.relative_to(root).parts))
 
 
+def local_browser(pw, chromium: str, base: str, blocked: set[str]):
+    """``(browser, context)``: Chromium at ``chromium``, started by Playwright's ``pw``, whose
+    context lets through only requests to ``base`` and adds every other URL to ``blocked``."""
+    browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
+
+    def route(r):
+        if r.request.url.startswith(base):
+            return r.continue_()
+        blocked.add(r.request.url)
+        return r.abort("blockedbyclient")
+
+    context.route("**/*", route)
+    return browser, context
+
+
 def check_site(root: Path, chromium: str = os.environ.get("CHROMIUM", "/usr/bin/chromium"), screenshots: Path | None = None,
                pages: list[str] | None = None) -> Report:
     """Open ``pages`` (default: all of them) of the site at ``root``; return what went wrong."""
@@ -122,16 +138,7 @@ def check_site(root: Path, chromium: str = os.environ.get("CHROMIUM", "/usr/bin/
     links: dict[str, list[str]] = {}
     try:
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-            context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
-
-            def route(r):
-                if r.request.url.startswith(base):
-                    return r.continue_()
-                report.blocked.add(r.request.url)
-                return r.abort("blockedbyclient")
-
-            context.route("**/*", route)
+            browser, context = local_browser(pw, chromium, base, report.blocked)
             for name in report.pages:
                 page = context.new_page()
                 found: list[str] = []
